@@ -1,0 +1,30 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each installs what it needs
+# (Debian packages, as root), builds, and runs.
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+DEB_PACKAGES = cmake g++ make libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libcli11-dev \
+               nlohmann-json3-dev libamdhip64-dev hipcc rocm-device-libs librocprim-dev
+
+.PHONY: deps build test demo clean
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@command -v nvcc >/dev/null 2>&1 || test -f /usr/local/cuda/include/cuda.h || \
+	  { echo "the CUDA toolkit (headers, NVRTC) is needed at /usr/local/cuda"; exit 1; }
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	$(BUILD)/bin/smla-bench --check
+
+clean:
+	rm -rf $(BUILD)

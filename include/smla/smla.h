@@ -1,0 +1,77 @@
+/* smla.h: C API of smla (plain structs and status codes), for embedding from any language.
+ *
+ *   smla_runtime_t* rt; smla_runtime_create(&rt);
+ *   smla_problem_t pb; smla_problem_init(&pb); pb.T = ...;
+ *   smla_plan_t* plan; smla_plan_create(rt, &pb, &plan);
+ *   size_t ws; smla_plan_workspace_bytes(plan, &ws);
+ *   smla_tensors_t t; smla_tensors_init(&t); t.q = ...;
+ *   smla_plan_run(plan, &t, workspace, ws, stream);
+ *   smla_plan_destroy(plan); smla_runtime_destroy(rt);
+ *
+ * Every function returns a status; on failure smla_last_error() (thread-local) says why. */
+#ifndef SMLA_H
+#define SMLA_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  SMLA_OK = 0,
+  SMLA_INVALID_ARGUMENT = 1,
+  SMLA_UNSUPPORTED = 2,
+  SMLA_NO_BACKEND = 3,
+  SMLA_COMPILE_ERROR = 4,
+  SMLA_DRIVER_ERROR = 5,
+  SMLA_WORKSPACE_TOO_SMALL = 6,
+  SMLA_INTERNAL = 7
+} smla_status_t;
+
+typedef enum { SMLA_BACKEND_AUTO = 0, SMLA_BACKEND_CPU = 1, SMLA_BACKEND_CUDA = 2, SMLA_BACKEND_HIP = 3 } smla_backend_t;
+
+typedef struct {
+  int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
+  int has_sink;                         /* attn_sink given: d_sink produced */
+  float scale;                          /* <= 0: 1/sqrt(512) */
+  int64_t r_chunk;                      /* 0: planner's choice */
+  int lse_base2;                        /* lse is log2-based (FlashMLA) */
+  int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA) */
+  int check_indices;                    /* record the first out-of-range index */
+  int dkv_fp32;                         /* dkv output is fp32, unreduced */
+  smla_backend_t backend;
+  int device;
+} smla_problem_t;
+
+typedef struct {
+  const void *q, *kv, *o, *dout; /* bf16 */
+  const float* lse;
+  const int32_t* topk;
+  const float* attn_sink;
+  void *dq, *dkv;
+  float* d_sink;
+  int64_t q_stride_t, q_stride_h, o_stride_t, o_stride_h, do_stride_t, do_stride_h, dq_stride_t, dq_stride_h;
+  int64_t kv_stride, dkv_stride, lse_stride_t, lse_stride_h, topk_stride; /* 0: packed */
+} smla_tensors_t;
+
+typedef struct smla_runtime smla_runtime_t;
+typedef struct smla_plan smla_plan_t;
+
+void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */
+void smla_tensors_init(smla_tensors_t* t);   /* all null / packed */
+smla_status_t smla_runtime_create(smla_runtime_t** out);
+void smla_runtime_destroy(smla_runtime_t* rt);
+smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out);
+void smla_plan_destroy(smla_plan_t* plan);
+smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
+smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
+                            size_t workspace_bytes, void* stream);
+/* The last error message of this thread ("" when none). */
+const char* smla_last_error(void);
+const char* smla_status_string(smla_status_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SMLA_H */

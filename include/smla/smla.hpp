@@ -1,0 +1,184 @@
+// smla.hpp: C++ API of smla, the DeepSeek-V4 sparse-MLA attention backward runtime.
+//
+//   smla::Runtime rt;                              // one per process; thread-safe
+//   auto plan = rt.plan(problem);                  // validate, choose, compile or load, lay out
+//   size_t ws = plan->workspace_bytes();
+//   plan->run(tensors, workspace, ws, stream);     // launches only; CUDA-graph capturable
+//
+// The op and its math: see docs/ and the project's contract (dq, dkv, d_sink of sparse MLA).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace smla {
+
+/// Status codes shared with the C API (smla.h).
+enum class Status : int {
+  Ok = 0,
+  InvalidArgument = 1,   ///< a shape, dtype, pointer, stride or option is wrong
+  Unsupported = 2,       ///< valid but not supported (e.g. an H with no kernel)
+  NoBackend = 3,         ///< no usable backend for the request
+  CompileError = 4,      ///< the run-time compiler failed (log attached)
+  DriverError = 5,       ///< a driver/runtime call failed
+  WorkspaceTooSmall = 6, ///< the workspace passed to run() is smaller than workspace_bytes()
+  Internal = 7,
+};
+
+const char* status_name(Status s);
+
+/// The one error type: a status, where it was raised, the failing call if any, and a message a
+/// user can act on.
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, std::string message, const char* file = "", int line = 0, std::string call = "");
+  Status status() const { return status_; }
+  const std::string& message() const { return message_; }
+  const char* file() const { return file_; }
+  int line() const { return line_; }
+  const std::string& call() const { return call_; }
+
+ private:
+  Status status_;
+  std::string message_;
+  const char* file_;
+  int line_;
+  std::string call_;
+};
+
+enum class BackendKind : int { Auto = 0, Cpu = 1, Cuda = 2, Hip = 3 };
+const char* backend_name(BackendKind b);
+
+/// How the caller's `lse` was computed. aiter's forward: natural log, sink included (the
+/// default). FlashMLA's sparse forward: base 2, sink excluded.
+struct LseConvention {
+  bool base2 = false;
+  bool includes_sink = true;
+};
+
+/// The problem: shapes and options. Tensors come later, at run().
+struct Problem {
+  int64_t T = 0;        ///< query tokens of the whole packed batch (>= 1)
+  int64_t H = 0;        ///< heads: 16, 32, 64 or 128
+  int64_t num_kv = 0;   ///< rows of kv (>= 1)
+  int64_t topk = 0;     ///< slots per token (multiple of 16)
+  int64_t head_dim = 512;  ///< must be 512
+  bool has_sink = false;   ///< attn_sink given (then d_sink is produced)
+  std::optional<float> scale;        ///< default 1/sqrt(512)
+  int64_t r_chunk = 0;     ///< 0: the planner chooses; else must divide topk (multiple of 16)
+  LseConvention lse;
+  /// Check every index and record the first out-of-range one (see Plan::index_report).
+  /// Out-of-range indices are always treated as empty slots; this only reports them.
+  bool check_indices = false;
+  /// Emit dkv unreduced in fp32 (Tensors::dkv_f32) instead of bf16 (sequence parallelism).
+  bool dkv_fp32 = false;
+  BackendKind backend = BackendKind::Auto;
+  int device = 0;
+};
+
+/// Device (or, for the CPU backend, host) pointers plus strides in elements. The last dimension
+/// (D = 512) must be contiguous. A stride of 0 means "packed" (the contiguous default).
+struct Tensors {
+  const void* q = nullptr;     ///< bf16 [T, H, 512]
+  const void* kv = nullptr;    ///< bf16 [num_kv, 512]
+  const void* o = nullptr;     ///< bf16 [T, H, 512]
+  const void* dout = nullptr;  ///< bf16 [T, H, 512]
+  const float* lse = nullptr;  ///< fp32 [T, H]
+  const int32_t* topk = nullptr;  ///< int32 [T, TOPK]; -1 = empty slot
+  const float* attn_sink = nullptr;  ///< fp32 [H], only with Problem::has_sink
+  void* dq = nullptr;          ///< bf16 [T, H, 512] output
+  void* dkv = nullptr;         ///< bf16 [num_kv, 512] output (fp32 when Problem::dkv_fp32)
+  float* d_sink = nullptr;     ///< fp32 [H] output, only with Problem::has_sink
+  int64_t q_stride_t = 0, q_stride_h = 0;
+  int64_t o_stride_t = 0, o_stride_h = 0;
+  int64_t do_stride_t = 0, do_stride_h = 0;
+  int64_t dq_stride_t = 0, dq_stride_h = 0;
+  int64_t kv_stride = 0, dkv_stride = 0;
+  int64_t lse_stride_t = 0, lse_stride_h = 0;
+  int64_t topk_stride = 0;
+};
+
+/// The first out-of-range index found by an opt-in check.
+struct BadIndex {
+  int64_t count = 0;  ///< how many slots were out of range
+  int64_t t = -1, r = -1;
+  int32_t value = 0;
+};
+
+/// Per-phase description for logs and `smla-bench --breakdown`.
+struct PlanInfo {
+  std::string backend;
+  std::string target;
+  int64_t r_chunk = 0, n_chunks = 0;
+  std::vector<std::string> kernels;  ///< entry names, in launch order
+  std::string config_source;         ///< "heuristic" or "tuned"
+  int compiled = 0;                  ///< kernels compiled by this plan() call
+  int loaded_from_disk = 0;
+  int reused_in_process = 0;
+};
+
+class Plan {
+ public:
+  virtual ~Plan() = default;
+  virtual const Problem& problem() const = 0;
+  /// Bytes of device workspace run() needs (256-byte aligned start required).
+  virtual size_t workspace_bytes() const = 0;
+  /// Launches the backward on `stream` (a cudaStream_t / hipStream_t, or null for the default
+  /// stream; ignored by the CPU backend, which runs synchronously). Validates the tensors
+  /// (throws smla::Error naming the argument, before anything is launched). No allocation, no
+  /// compilation, no host synchronization.
+  virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
+  /// Reads the index report left in `workspace` by the last run with check_indices
+  /// (synchronizes the stream: not for use inside a graph capture).
+  virtual std::optional<BadIndex> index_report(const void* workspace, void* stream) const = 0;
+  virtual const PlanInfo& info() const = 0;
+  /// Runs phases [0, n) of the ordered launch list for per-phase timing; see info().kernels.
+  virtual size_t launch_count() const = 0;
+  virtual void run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size,
+                          void* stream) const = 0;
+  virtual std::string launch_phase(size_t i) const = 0;
+};
+
+struct RuntimeOptions {
+  /// Directory of kernel sources to use instead of the embedded ones (development).
+  std::string kernel_src_dir;
+};
+
+struct BackendStatus {
+  std::string name;
+  bool usable = false;
+  bool can_compile = false;
+  std::string detail;  ///< why not, or the devices found
+};
+
+class Runtime {
+ public:
+  explicit Runtime(RuntimeOptions opts = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// Validates the problem, chooses a config and the chunking, compiles or loads the kernels,
+  /// lays out the workspace and fixes the phase order. Throws smla::Error.
+  std::shared_ptr<const Plan> plan(const Problem& p);
+  /// Which backends this process can use, and why not.
+  std::vector<BackendStatus> backends() const;
+  /// The backend `Auto` resolves to here.
+  BackendKind resolve(BackendKind b) const;
+  /// Counters for tests: kernels compiled, loaded from disk, reused in process.
+  struct Counters {
+    int64_t compiled = 0, disk_hits = 0, memory_hits = 0;
+  };
+  Counters counters() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace smla

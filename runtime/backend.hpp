@@ -1,0 +1,79 @@
+// backend.hpp: what the planner needs from a device backend (cpu, cuda, hip).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "phases.hpp"
+#include "../kernel_src/smla_params.h"
+
+namespace smla {
+
+/// A translation unit ready for a run-time compiler: the constants, then the kernel source.
+/// Headers it includes from kernel_src/ travel alongside (name, content), so the compile never
+/// reads the disk and the cache key covers every byte.
+struct RenderedSource {
+  std::string name;  // e.g. "dq.cu"
+  std::string text;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct CompileResult {
+  std::vector<uint8_t> binary;  // cubin / code object
+  std::string log;
+  double seconds = 0;
+};
+
+/// A run-time compiler for one backend family (NVRTC, hipRTC). Thread safety is the
+/// implementation's to state: NVRTC compiles distinct programs on several threads at once.
+class RtcCompiler {
+ public:
+  virtual ~RtcCompiler() = default;
+  virtual std::string family() const = 0;  // "cuda" | "hip"
+  /// Whether the compiler library could be opened here (no GPU needed); `why` says what failed.
+  virtual bool available(std::string* why) const = 0;
+  /// Identity of the compiler for cache keys (version of the compiler and of its headers).
+  virtual std::string identity() const = 0;
+  /// The options used for `target`, sorted, as they go into the cache key.
+  virtual std::vector<std::string> options(const std::string& target) const = 0;
+  /// Compiles; throws smla::Error carrying the log and the dumped source path on failure.
+  virtual CompileResult compile(const RenderedSource& src, const std::string& target) const = 0;
+};
+
+/// A kernel loaded for one device, ready to launch. Opaque to the planner.
+class LoadedKernel {
+ public:
+  virtual ~LoadedKernel() = default;
+};
+
+enum class PointerKind { Device, Host, Unknown };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu" | "cuda" | "hip"
+  /// True when kernels can run here (driver loaded, a device present); `why` explains a no.
+  virtual bool usable(std::string* why) const = 0;
+  virtual int device_count() const = 0;
+  /// Full target id of a device ("sm_90a", "gfx950:sramecc+:xnack-", "cpu").
+  virtual std::string target(int device) const = 0;
+  /// The compiler, or null for the CPU backend.
+  virtual const RtcCompiler* compiler() const = 0;
+  /// Turns a compiled binary into a launchable kernel on `device` (may throw when the driver
+  /// refuses the binary: the caller then drops the cache entry and recompiles once).
+  virtual std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
+                                             int device) = 0;
+  /// Launches only: no allocation, no synchronization.
+  virtual void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) = 0;
+  /// Where a pointer lives, for argument validation.
+  virtual PointerKind pointer_kind(const void* ptr) const = 0;
+  /// Resource limits for validation of configs.
+  virtual size_t max_shared_memory(int device) const = 0;
+  /// Copies `bytes` from backend memory to the host after the stream's work (synchronizes).
+  /// Not for hot paths: index reports and tests only.
+  virtual void read_back(void* dst, const void* src, size_t bytes, void* stream) const = 0;
+};
+
+}  // namespace smla

@@ -1,0 +1,124 @@
+// cuda_api.cpp: dlopen of libcuda and libnvrtc.
+#include "cuda_api.hpp"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+namespace smla::cuda {
+
+namespace {
+
+void* open_first(const std::vector<std::string>& names, std::string* opened, std::string* err) {
+  for (const auto& n : names) {
+    if (n.empty()) continue;
+    if (void* h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *opened = n;
+      return h;
+    }
+    const char* e = dlerror();
+    if (err->empty() && e) *err = e;
+  }
+  return nullptr;
+}
+
+std::string env_or(const char* name, const std::string& fallback = {}) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::string err;
+    void* h = open_first({env_or("SMLA_LIBCUDA"), "libcuda.so.1", "libcuda.so"}, &d.path, &err);
+    if (!h) {
+      d.why = "the CUDA driver (libcuda.so.1) could not be opened: " + err;
+      return;
+    }
+#define SMLA_LOAD(member, sym)                                               \
+  d.member = reinterpret_cast<decltype(d.member)>(dlsym(h, SMLA_STR(sym)));  \
+  if (!d.member) {                                                           \
+    d.why = std::string("libcuda has no symbol ") + SMLA_STR(sym);            \
+    return;                                                                  \
+  }
+    SMLA_CUDA_DRIVER_FUNCS(SMLA_LOAD)
+#undef SMLA_LOAD
+    CUresult r = d.Init(0);
+    if (r != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      d.GetErrorName(r, &name);
+      d.why = std::string("cuInit failed: ") + (name ? name : "?");
+      return;
+    }
+    int n = 0;
+    if (d.DeviceGetCount(&n) != CUDA_SUCCESS || n == 0) {
+      d.why = "the CUDA driver reports no device";
+      return;
+    }
+    d.ok = true;
+  });
+  return d;
+}
+
+const Nvrtc& nvrtc() {
+  static Nvrtc n;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> names{env_or("SMLA_LIBNVRTC"), "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
+      if (const char* r = std::getenv(root)) names.push_back(std::string(r) + "/lib64/libnvrtc.so");
+    names.push_back("/usr/local/cuda/lib64/libnvrtc.so");
+    std::string err;
+    void* h = open_first(names, &n.path, &err);
+    if (!h) {
+      n.why = "NVRTC (libnvrtc.so) could not be opened: " + err + " (set SMLA_LIBNVRTC to its path)";
+      return;
+    }
+#define SMLA_LOAD(member, sym)                                               \
+  n.member = reinterpret_cast<decltype(n.member)>(dlsym(h, SMLA_STR(sym)));  \
+  if (!n.member) {                                                           \
+    n.why = std::string("libnvrtc has no symbol ") + SMLA_STR(sym);           \
+    return;                                                                  \
+  }
+    SMLA_NVRTC_FUNCS(SMLA_LOAD)
+#undef SMLA_LOAD
+    n.ok = true;
+  });
+  return n;
+}
+
+void check(CUresult r, const char* call, const char* file, int line) {
+  if (r == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (driver().GetErrorName) driver().GetErrorName(r, &name);
+  if (driver().GetErrorString) driver().GetErrorString(r, &text);
+  throw Error(Status::DriverError,
+              std::string(name ? name : "CUDA error ") + (name ? "" : std::to_string(r)) + ": " +
+                  (text ? text : "(no description)"),
+              file, line, call);
+}
+
+std::string cuda_include_dir() {
+  std::vector<std::string> cands{env_or("SMLA_CUDA_INCLUDE")};
+  for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char* r = std::getenv(root)) cands.push_back(std::string(r) + "/include");
+  cands.push_back("/usr/local/cuda/include");
+  for (const auto& c : cands)
+    if (!c.empty() && file_exists(c + "/cuda.h")) return c;
+  return {};
+}
+
+}  // namespace smla::cuda

@@ -1,0 +1,136 @@
+// cuda_backend.cpp: loads cubins and launches them through the driver API.
+#include "cuda_backend.hpp"
+
+#include "cuda_api.hpp"
+
+namespace smla::cuda {
+
+namespace {
+struct CudaKernel : LoadedKernel {
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  CUcontext ctx = nullptr;
+  int device = 0;
+  ~CudaKernel() override {
+    if (module) {
+      driver().CtxSetCurrent(ctx);
+      driver().ModuleUnload(module);  // best effort: a destructor must not throw
+    }
+  }
+};
+}  // namespace
+
+std::string target_for_cc(int major, int minor) {
+  if (major < 8)
+    SMLA_THROW(Status::Unsupported, "compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                                        " is below the supported minimum 8.0 (mma.sync bf16)");
+  if (major == 9 && minor == 0) return "sm_90a";
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
+CudaBackend::CudaBackend() = default;
+
+CudaBackend::~CudaBackend() {
+  for (size_t i = 0; i < ctx_.size(); ++i) {
+    CUdevice dev;
+    if (ctx_[i] && driver().DeviceGet(&dev, (int)i) == CUDA_SUCCESS) driver().DevicePrimaryCtxRelease(dev);
+  }
+}
+
+bool CudaBackend::usable(std::string* why) const {
+  if (!driver().ok) {
+    if (why) *why = driver().why;
+    return false;
+  }
+  return true;
+}
+
+int CudaBackend::device_count() const {
+  if (!driver().ok) return 0;
+  int n = 0;
+  SMLA_CU(driver().DeviceGetCount(&n));
+  return n;
+}
+
+void CudaBackend::make_current(int device) const {
+  std::string why;
+  if (!usable(&why)) SMLA_THROW(Status::NoBackend, "the CUDA backend is not usable here: " + why);
+  CUcontext c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device < 0 || device >= device_count())
+      SMLA_THROW(Status::InvalidArgument, "device " + std::to_string(device) + " does not exist (" +
+                                              std::to_string(device_count()) + " CUDA devices)");
+    if ((int)ctx_.size() <= device) ctx_.resize(device + 1, nullptr);
+    if (!ctx_[device]) {
+      CUdevice dev;
+      SMLA_CU(driver().DeviceGet(&dev, device));
+      SMLA_CU(driver().DevicePrimaryCtxRetain(&ctx_[device], dev));
+    }
+    c = ctx_[device];
+  }
+  SMLA_CU(driver().CtxSetCurrent(c));
+}
+
+std::string CudaBackend::target(int device) const {
+  make_current(device);
+  CUdevice dev;
+  int major = 0, minor = 0;
+  SMLA_CU(driver().DeviceGet(&dev, device));
+  SMLA_CU(driver().DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  SMLA_CU(driver().DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  return target_for_cc(major, minor);
+}
+
+size_t CudaBackend::max_shared_memory(int device) const {
+  make_current(device);
+  CUdevice dev;
+  int v = 0;
+  SMLA_CU(driver().DeviceGet(&dev, device));
+  SMLA_CU(driver().DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
+  return (size_t)v;
+}
+
+std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
+                                                int device) {
+  make_current(device);
+  auto k = std::make_shared<CudaKernel>();
+  k->device = device;
+  SMLA_CU(driver().CtxGetCurrent(&k->ctx));
+  SMLA_CU(driver().ModuleLoadData(&k->module, binary.data()));
+  SMLA_CU(driver().ModuleGetFunction(&k->fn, k->module, spec.entry.c_str()));
+  if (spec.smem_bytes > 48 * 1024) {
+    const size_t limit = max_shared_memory(device);
+    if (spec.smem_bytes > limit)
+      SMLA_THROW(Status::Unsupported, spec.entry + " needs " + std::to_string(spec.smem_bytes) +
+                                          " bytes of shared memory; the device allows " + std::to_string(limit));
+    SMLA_CU(driver().FuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)spec.smem_bytes));
+  }
+  return k;
+}
+
+void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
+  const auto& k = static_cast<const CudaKernel&>(lk);
+  SMLA_CU(driver().CtxSetCurrent(k.ctx));
+  void* args[] = {const_cast<SmlaParams*>(&p)};
+  SMLA_CU(driver().LaunchKernel(k.fn, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y,
+                                spec.block.z, spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
+}
+
+PointerKind CudaBackend::pointer_kind(const void* ptr) const {
+  if (!driver().ok || !ptr) return PointerKind::Unknown;
+  unsigned int type = 0;
+  CUresult r = driver().PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                            reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) return PointerKind::Host;  // not known to CUDA: plain host memory
+  return (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED) ? PointerKind::Device : PointerKind::Host;
+}
+
+}  // namespace smla::cuda
+
+namespace smla::cuda {
+void CudaBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {
+  SMLA_CU(driver().StreamSynchronize(static_cast<CUstream>(stream)));
+  SMLA_CU(driver().MemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
+}
+}  // namespace smla::cuda

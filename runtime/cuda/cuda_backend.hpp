@@ -1,0 +1,43 @@
+// cuda_backend.hpp: the CUDA backend (driver API over dlopen, NVRTC cubins).
+#pragma once
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <cuda.h>
+
+#include "../backend.hpp"
+#include "nvrtc_compiler.hpp"
+
+namespace smla::cuda {
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  bool usable(std::string* why) const override;
+  int device_count() const override;
+  std::string target(int device) const override;
+  const RtcCompiler* compiler() const override { return &compiler_; }
+  std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
+                                     int device) override;
+  void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
+  PointerKind pointer_kind(const void* ptr) const override;
+  size_t max_shared_memory(int device) const override;
+  void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
+
+  /// Makes the device's primary context current on this thread (retained once per device).
+  void make_current(int device) const;
+
+ private:
+  NvrtcCompiler compiler_;
+  mutable std::mutex mu_;
+  mutable std::vector<CUcontext> ctx_;
+};
+
+/// The compile target for a compute capability: sm_90a on Hopper, sm_XY from 8.0 up; throws
+/// Unsupported below sm_80.
+std::string target_for_cc(int major, int minor);
+
+}  // namespace smla::cuda

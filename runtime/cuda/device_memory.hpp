@@ -1,0 +1,81 @@
+// device_memory.hpp: RAII device buffers, streams and events over the dlopen'ed driver, for
+// tools and tests (the library itself never allocates in run()).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "cuda_api.hpp"
+
+namespace smla::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) SMLA_CU(driver().MemAlloc(&ptr_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (ptr_) driver().MemFree(ptr_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = 0; o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return reinterpret_cast<void*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* src, size_t n) { SMLA_CU(driver().MemcpyHtoD(ptr_, src, n)); }
+  template <class T>
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size() * sizeof(T)); }
+  void download(void* dst, size_t n) const { SMLA_CU(driver().MemcpyDtoH(dst, ptr_, n)); }
+  template <class T>
+  std::vector<T> download_vec(size_t count) const {
+    std::vector<T> v(count);
+    download(v.data(), count * sizeof(T));
+    return v;
+  }
+  /// Fills with a byte (0xFF makes bf16/fp32 NaN: poison for "was every element written").
+  void fill(unsigned char byte) { SMLA_CU(driver().MemsetD8(ptr_, byte, bytes_)); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { SMLA_CU(driver().StreamCreate(&s_, CU_STREAM_NON_BLOCKING)); }
+  ~Stream() { driver().StreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return s_; }
+  void sync() const { SMLA_CU(driver().StreamSynchronize(s_)); }
+
+ private:
+  CUstream s_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { SMLA_CU(driver().EventCreate(&e_, CU_EVENT_DEFAULT)); }
+  ~Event() { driver().EventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(CUstream s) { SMLA_CU(driver().EventRecord(e_, s)); }
+  /// Milliseconds from `start` to this event (waits for this event).
+  float since(const Event& start) const {
+    SMLA_CU(driver().EventSynchronize(e_));
+    float ms = 0;
+    SMLA_CU(driver().EventElapsedTime(&ms, start.e_, e_));
+    return ms;
+  }
+
+ private:
+  CUevent e_ = nullptr;
+};
+
+}  // namespace smla::cuda

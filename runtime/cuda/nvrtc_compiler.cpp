@@ -1,0 +1,108 @@
+// nvrtc_compiler.cpp: compiles rendered kernels to cubins with NVRTC.
+#include "nvrtc_compiler.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "../dump.hpp"
+#include "cuda_api.hpp"
+
+namespace smla::cuda {
+
+std::string read_define(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  std::string line;
+  const std::regex re("^\\s*#\\s*define\\s+" + name + "\\s+([0-9A-Za-z_.]+)");
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) return m[1];
+  return {};
+}
+
+bool NvrtcCompiler::available(std::string* why) const {
+  if (!nvrtc().ok) {
+    if (why) *why = nvrtc().why;
+    return false;
+  }
+  if (cuda_include_dir().empty()) {
+    if (why) *why = "no CUDA include directory (cuda.h, CUB) found: set SMLA_CUDA_INCLUDE or CUDA_HOME";
+    return false;
+  }
+  return true;
+}
+
+std::string NvrtcCompiler::identity() const {
+  int maj = 0, min = 0;
+  if (nvrtc().ok) nvrtc().Version(&maj, &min);
+  const std::string inc = cuda_include_dir();
+  return "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
+         ";cuda-" + read_define(inc + "/cuda.h", "CUDA_VERSION") +
+         ";cccl-" + read_define(inc + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION");
+}
+
+std::vector<std::string> NvrtcCompiler::options(const std::string& target) const {
+  // Include paths are deliberately not part of this list (they differ between machines and are
+  // covered by the identity's header versions); compile() appends them.
+  std::vector<std::string> o{"--gpu-architecture=" + target, "-std=c++17", "-default-device",
+                             "-DSMLA_NVRTC=1", "--device-int128"};
+  std::sort(o.begin(), o.end());
+  return o;
+}
+
+namespace {
+struct Program {
+  nvrtcProgram p = nullptr;
+  ~Program() {
+    if (p) nvrtc().DestroyProgram(&p);
+  }
+};
+}  // namespace
+
+CompileResult NvrtcCompiler::compile(const RenderedSource& src, const std::string& target) const {
+  std::string why;
+  if (!available(&why)) throw Error(Status::NoBackend, why, __FILE__, __LINE__, "nvrtc");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<const char*> hdr_src, hdr_names;
+  for (const auto& h : src.headers) {
+    hdr_names.push_back(h.first.c_str());
+    hdr_src.push_back(h.second.c_str());
+  }
+  Program prog;
+  nvrtcResult r = nvrtc().CreateProgram(&prog.p, src.text.c_str(), src.name.c_str(), (int)hdr_src.size(),
+                                        hdr_src.data(), hdr_names.data());
+  if (r != NVRTC_SUCCESS)
+    throw Error(Status::CompileError, nvrtc().GetErrorString(r), __FILE__, __LINE__, "nvrtcCreateProgram");
+
+  std::vector<std::string> opts = options(target);
+  const std::string inc = cuda_include_dir();
+  opts.push_back("-I" + inc + "/cccl");
+  opts.push_back("-I" + inc);
+  std::vector<const char*> copts;
+  for (const auto& o : opts) copts.push_back(o.c_str());
+  r = nvrtc().CompileProgram(prog.p, (int)copts.size(), copts.data());
+
+  CompileResult out;
+  size_t log_size = 0;
+  nvrtc().GetProgramLogSize(prog.p, &log_size);
+  out.log.resize(log_size);
+  if (log_size) nvrtc().GetProgramLog(prog.p, out.log.data());
+  while (!out.log.empty() && (out.log.back() == '\0' || out.log.back() == '\n')) out.log.pop_back();
+  if (r != NVRTC_SUCCESS) {
+    const std::string path = dump_failed_source(src, target);
+    throw Error(Status::CompileError,
+                std::string("NVRTC failed to compile ") + src.name + " for " + target + " (" +
+                    nvrtc().GetErrorString(r) + "); source dumped to " + path + "\n" + out.log,
+                __FILE__, __LINE__, "nvrtcCompileProgram");
+  }
+  size_t n = 0;
+  nvrtc().GetCUBINSize(prog.p, &n);
+  out.binary.resize(n);
+  nvrtc().GetCUBIN(prog.p, reinterpret_cast<char*>(out.binary.data()));
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace smla::cuda

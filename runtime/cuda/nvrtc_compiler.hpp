@@ -1,0 +1,20 @@
+// nvrtc_compiler.hpp: NVRTC behind smla::RtcCompiler.
+#pragma once
+#include "../backend.hpp"
+
+namespace smla::cuda {
+
+class NvrtcCompiler : public RtcCompiler {
+ public:
+  std::string family() const override { return "cuda"; }
+  bool available(std::string* why) const override;
+  /// "nvrtc-13.0;cuda-13000;cccl-3000001": the compiler and the headers it compiles against.
+  std::string identity() const override;
+  std::vector<std::string> options(const std::string& target) const override;
+  CompileResult compile(const RenderedSource& src, const std::string& target) const override;
+};
+
+/// Reads `#define NAME <value>` from a header file; empty when absent.
+std::string read_define(const std::string& path, const std::string& name);
+
+}  // namespace smla::cuda

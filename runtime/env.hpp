@@ -1,0 +1,18 @@
+// env.hpp: the runtime's environment knobs, read once into one struct.
+// (The disk cache's own knobs live in cache::Settings.)
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace smla {
+
+struct RuntimeEnv {
+  std::string kernel_src_dir;       ///< SMLA_KERNEL_SRC_DIR: read kernel sources from here
+  size_t interm_budget = size_t(2) << 30;  ///< SMLA_INTERM_BUDGET_BYTES: cap for T*R_CHUNK*512 bf16
+  std::string log_level = "warn";   ///< SMLA_LOG_LEVEL: trace|debug|info|warn|error|off
+};
+
+/// Parsed once per process.
+const RuntimeEnv& runtime_env();
+
+}  // namespace smla

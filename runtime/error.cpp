@@ -1,0 +1,48 @@
+// error.cpp: smla::Error and the names of statuses and backends.
+#include "smla/smla.hpp"
+
+#include <string>
+
+namespace smla {
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::Ok: return "ok";
+    case Status::InvalidArgument: return "invalid argument";
+    case Status::Unsupported: return "unsupported";
+    case Status::NoBackend: return "no backend";
+    case Status::CompileError: return "compile error";
+    case Status::DriverError: return "driver error";
+    case Status::WorkspaceTooSmall: return "workspace too small";
+    case Status::Internal: return "internal error";
+  }
+  return "unknown";
+}
+
+const char* backend_name(BackendKind b) {
+  switch (b) {
+    case BackendKind::Auto: return "auto";
+    case BackendKind::Cpu: return "cpu";
+    case BackendKind::Cuda: return "cuda";
+    case BackendKind::Hip: return "hip";
+  }
+  return "unknown";
+}
+
+static std::string compose(Status status, const std::string& message, const char* file, int line,
+                           const std::string& call) {
+  std::string s = std::string("smla: ") + status_name(status) + ": " + message;
+  if (!call.empty()) s += " [in " + call + "]";
+  if (file && *file) s += " (" + std::string(file) + ":" + std::to_string(line) + ")";
+  return s;
+}
+
+Error::Error(Status status, std::string message, const char* file, int line, std::string call)
+    : std::runtime_error(compose(status, message, file, line, call)),
+      status_(status),
+      message_(std::move(message)),
+      file_(file ? file : ""),
+      line_(line),
+      call_(std::move(call)) {}
+
+}  // namespace smla

@@ -1,0 +1,50 @@
+// phases.hpp: the phases of the backward and how a backend family describes its kernels.
+//
+// The planner (runtime/planner.cpp) owns the phase order and the chunk loop; a backend family
+// (CUDA, HIP) owns, per phase, which kernel(s) to launch and their geometry. The CPU backend runs
+// the same steps with plain C++ functions of the same names (runtime/cpu/).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace smla {
+
+enum class Phase { CheckTopk, Delta, Dq, DkvInterm, Csr, Gather, DSink };
+
+const char* phase_name(Phase p);
+
+/// What every phase spec function may read: the problem after validation and the planner's
+/// choices. Plain data, compared and hashed by value.
+struct ShapeInfo {
+  int T = 0, H = 0, num_kv = 0, topk = 0;
+  int r_chunk = 0, n_chunks = 1;
+  bool has_sink = false;
+  bool check_indices = false;
+  // csr sort geometry (chosen by the planner, used by the workspace layout too)
+  int csr_tile_items = 2048;
+  int radix_bits = 8;
+  int radix_passes = 1;
+  int csr_tiles = 1;
+  // tile choices for the matrix phases (0 = the backend's default)
+  int dq_block_h = 0, dq_block_r = 0;
+  int dkv_block_r = 0, dkv_block_d = 0;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+/// One kernel launch: which source (kernel_src/<stem>.cu), which entry, the constants injected
+/// ahead of the source as `#define NAME VALUE`, and the launch geometry.
+struct KernelSpec {
+  std::string stem;
+  std::string entry;
+  std::vector<std::pair<std::string, long long>> defines;
+  Dim3 grid, block;
+  unsigned smem_bytes = 0;  // dynamic shared memory
+  int pass = 0;             // copied into SmlaParams::pass (radix-sort passes of csr)
+};
+
+}  // namespace smla

@@ -1,0 +1,150 @@
+// plan.cpp: Plan::run: validate the tensors, point the params at them and the workspace, launch.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "check.hpp"
+#include "plan_impl.hpp"
+
+namespace smla {
+
+namespace {
+
+void arg_error(const std::string& what, const std::string& expected) {
+  throw Error(Status::InvalidArgument, "Tensors::" + what + ": expected " + expected, __FILE__, __LINE__);
+}
+
+void check_ptr(const Backend& be, const void* ptr, const char* name, size_t align, bool required = true) {
+  if (!ptr) {
+    if (required) arg_error(name, "a non-null pointer");
+    return;
+  }
+  if (reinterpret_cast<uintptr_t>(ptr) % align)
+    arg_error(name, std::to_string(align) + "-byte alignment (got " +
+                        std::to_string(reinterpret_cast<uintptr_t>(ptr) % align) + " bytes off)");
+  const PointerKind k = be.pointer_kind(ptr);
+  if (be.name() == "cpu" && k == PointerKind::Device)
+    arg_error(name, "host memory for the cpu backend (got a device pointer)");
+  if (be.name() != "cpu" && k == PointerKind::Host)
+    arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)");
+}
+
+int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least) {
+  const int64_t s = given ? given : packed;
+  if (s < at_least || s % multiple)
+    arg_error(name, "0 (packed) or a stride >= " + std::to_string(at_least) + " that is a multiple of " +
+                        std::to_string(multiple) + " elements (got " + std::to_string(given) + ")");
+  return s;
+}
+
+}  // namespace
+
+SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t workspace_size) const {
+  const Backend& be = *backend_;
+  const Problem& p = problem_;
+  const int64_t H = p.H, D = 512;
+  // bf16 rows are read 16 bytes at a time: 16-byte aligned bases, strides a multiple of 8.
+  check_ptr(be, t.q, "q", 16);
+  check_ptr(be, t.kv, "kv", 16);
+  check_ptr(be, t.o, "o", 16);
+  check_ptr(be, t.dout, "dout", 16);
+  check_ptr(be, t.lse, "lse", 4);
+  check_ptr(be, t.topk, "topk", 4);
+  check_ptr(be, t.dq, "dq", 16);
+  check_ptr(be, t.dkv, "dkv", 16);
+  if (p.has_sink) {
+    check_ptr(be, t.attn_sink, "attn_sink", 4);
+    check_ptr(be, t.d_sink, "d_sink", 4);
+  } else if (t.attn_sink || t.d_sink) {
+    arg_error(t.attn_sink ? "attn_sink" : "d_sink", "null, since Problem::has_sink is false");
+  }
+  if (layout_.total) {
+    if (!workspace) arg_error("workspace", "a non-null pointer to " + std::to_string(layout_.total) + " bytes");
+    if (workspace_size < layout_.total)
+      throw Error(Status::WorkspaceTooSmall,
+                  "workspace of " + std::to_string(workspace_size) + " bytes is smaller than workspace_bytes() = " +
+                      std::to_string(layout_.total),
+                  __FILE__, __LINE__);
+    check_ptr(be, workspace, "workspace", WorkspaceLayout::kAlign);
+  }
+
+  SmlaParams s{};
+  s.q = static_cast<const smla_bf16*>(t.q);
+  s.kv = static_cast<const smla_bf16*>(t.kv);
+  s.o = static_cast<const smla_bf16*>(t.o);
+  s.dout = static_cast<const smla_bf16*>(t.dout);
+  s.lse = t.lse;
+  s.topk = t.topk;
+  s.sink = p.has_sink ? t.attn_sink : nullptr;
+  s.dq = static_cast<smla_bf16*>(t.dq);
+  s.dkv = p.dkv_fp32 ? nullptr : static_cast<smla_bf16*>(t.dkv);
+  s.dkv_f32 = p.dkv_fp32 ? static_cast<float*>(t.dkv) : nullptr;
+  s.d_sink = p.has_sink ? t.d_sink : nullptr;
+  s.q_sh = stride_or(t.q_stride_h, D, "q_stride_h", 8, D);
+  s.q_st = stride_or(t.q_stride_t, H * D, "q_stride_t", 8, 0);
+  s.o_sh = stride_or(t.o_stride_h, D, "o_stride_h", 8, D);
+  s.o_st = stride_or(t.o_stride_t, H * D, "o_stride_t", 8, 0);
+  s.do_sh = stride_or(t.do_stride_h, D, "do_stride_h", 8, D);
+  s.do_st = stride_or(t.do_stride_t, H * D, "do_stride_t", 8, 0);
+  s.dq_sh = stride_or(t.dq_stride_h, D, "dq_stride_h", 8, D);
+  s.dq_st = stride_or(t.dq_stride_t, H * D, "dq_stride_t", 8, 0);
+  s.kv_s = stride_or(t.kv_stride, D, "kv_stride", 8, D);
+  s.dkv_s = stride_or(t.dkv_stride, D, "dkv_stride", p.dkv_fp32 ? 4 : 8, D);
+  s.lse_sh = stride_or(t.lse_stride_h, 1, "lse_stride_h", 1, 1);
+  s.lse_st = stride_or(t.lse_stride_t, H, "lse_stride_t", 1, 0);
+  s.topk_st = stride_or(t.topk_stride, p.topk, "topk_stride", 1, p.topk);
+
+  s.T = shape_.T;
+  s.H = shape_.H;
+  s.num_kv = shape_.num_kv;
+  s.topk_n = shape_.topk;
+  s.r_chunk = shape_.r_chunk;
+  s.n_chunks = shape_.n_chunks;
+  s.scale = p.scale ? *p.scale : float(1.0 / std::sqrt(512.0));
+  s.lse_mode = (p.lse.base2 ? SMLA_LSE_BASE2 : 0) | (p.lse.includes_sink ? 0 : SMLA_LSE_EXCLUDES_SINK);
+  s.check_indices = p.check_indices ? 1 : 0;
+  s.csr_tiles = shape_.csr_tiles;
+  s.csr_tile_items = shape_.csr_tile_items;
+  s.radix_bits = shape_.radix_bits;
+  s.radix_passes = shape_.radix_passes;
+  s.csr_final = shape_.radix_passes % 2;
+  layout_.place(workspace, s);
+  return s;
+}
+
+void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const {
+  const Step& st = steps_[i];
+  SmlaParams p = base;
+  p.chunk = st.chunk;
+  p.r_start = st.chunk * shape_.r_chunk;
+  p.pass = st.spec.pass;
+  backend_->launch(*kernels_[i], st.spec, p, stream);
+}
+
+void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
+  const SmlaParams base = base_params(t, workspace, workspace_size);
+  for (size_t i = 0; i < steps_.size(); ++i) launch_step(i, base, stream);
+}
+
+void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
+  SMLA_REQUIRE(i < steps_.size(), Status::InvalidArgument,
+               "launch index " + std::to_string(i) + " out of range (" + std::to_string(steps_.size()) + ")");
+  launch_step(i, base_params(t, workspace, workspace_size), stream);
+}
+
+std::string PlanImpl::launch_phase(size_t i) const {
+  SMLA_REQUIRE(i < steps_.size(), Status::InvalidArgument, "launch index out of range");
+  return phase_name(steps_[i].phase);
+}
+
+std::optional<BadIndex> PlanImpl::index_report(const void* workspace, void* stream) const {
+  SMLA_REQUIRE(problem_.check_indices, Status::InvalidArgument,
+               "index_report() needs a plan made with Problem::check_indices = true");
+  SMLA_REQUIRE(workspace, Status::InvalidArgument, "index_report(): workspace is null");
+  int rep[4] = {0, 0, 0, 0};
+  backend_->read_back(rep, static_cast<const char*>(workspace) + layout_.index_report.offset, sizeof(rep), stream);
+  if (rep[0] == 0) return std::nullopt;
+  return BadIndex{rep[0], rep[1], rep[2], rep[3]};
+}
+
+}  // namespace smla

@@ -1,0 +1,38 @@
+// plan_impl.hpp: the concrete Plan: its steps, loaded kernels and workspace layout.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend.hpp"
+#include "planner.hpp"
+#include "smla/smla.hpp"
+#include "workspace.hpp"
+
+namespace smla {
+
+class PlanImpl : public Plan {
+ public:
+  const Problem& problem() const override { return problem_; }
+  size_t workspace_bytes() const override { return layout_.total; }
+  void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const override;
+  std::optional<BadIndex> index_report(const void* workspace, void* stream) const override;
+  const PlanInfo& info() const override { return info_; }
+  size_t launch_count() const override { return steps_.size(); }
+  void run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const override;
+  std::string launch_phase(size_t i) const override;
+
+  /// Validates the tensors and workspace (throws naming the argument) and fills the params
+  /// common to every step.
+  SmlaParams base_params(const Tensors& t, void* workspace, size_t workspace_size) const;
+  void launch_step(size_t i, const SmlaParams& base, void* stream) const;
+
+  Problem problem_;
+  Backend* backend_ = nullptr;
+  ShapeInfo shape_;
+  WorkspaceLayout layout_;
+  std::vector<Step> steps_;
+  std::vector<std::shared_ptr<LoadedKernel>> kernels_;
+  PlanInfo info_;
+};
+
+}  // namespace smla

@@ -1,0 +1,190 @@
+// runtime.cpp: smla::Runtime: backends, the in-process kernel cache over the disk cache, and
+// plan() (validate, choose, compile or load, lay out, order).
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <mutex>
+
+#include "../cache/kernel_cache.hpp"
+#include "check.hpp"
+#include "cpu_backend.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/kernels_cuda.hpp"
+#include "env.hpp"
+#include "plan_impl.hpp"
+#include "planner.hpp"
+#include "smla/smla.hpp"
+#include "sources.hpp"
+
+namespace smla {
+
+struct Runtime::Impl {
+  RuntimeOptions opts;
+  KernelSources sources;
+  CpuBackend cpu;
+  cuda::CudaBackend cuda;
+  std::unique_ptr<cache::DiskCache> disk;
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<LoadedKernel>> loaded;  // in-process: key -> module
+  Counters counters;
+
+  explicit Impl(RuntimeOptions o)
+      : opts(std::move(o)),
+        sources(!opts.kernel_src_dir.empty() ? opts.kernel_src_dir : runtime_env().kernel_src_dir),
+        disk(std::make_unique<cache::DiskCache>(cache::settings_from_env())) {}
+
+  Backend* backend(BackendKind k) {
+    switch (k) {
+      case BackendKind::Cpu: return &cpu;
+      case BackendKind::Cuda: return &cuda;
+      default: return nullptr;
+    }
+  }
+
+  KernelsOf kernels_of(BackendKind k) {
+    if (k == BackendKind::Cuda) return cuda_phase_kernels;
+    return cpu_phase_kernels;
+  }
+
+  std::shared_ptr<LoadedKernel> get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
+                                           const std::string& target, int device, PlanInfo& info);
+};
+
+namespace {
+std::string shape_tag(const ShapeInfo& s) {
+  return "H" + std::to_string(s.H) + "-K" + std::to_string(s.topk) + "-R" + std::to_string(s.r_chunk);
+}
+}  // namespace
+
+std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
+                                                        const std::string& target, int device, PlanInfo& info) {
+  const RtcCompiler* rtc = be.compiler();
+  if (!rtc) {  // CPU: nothing to compile
+    return be.load(spec, {}, device);
+  }
+  cache::KeyFields f;
+  RenderedSource src = sources.render(spec, rtc->family());
+  f.kernel = spec.entry;
+  f.shape_tag = shape_tag(s);
+  f.source = src.text;
+  f.headers = src.headers;
+  f.options = rtc->options(target);
+  f.target = target;
+  f.compiler_id = rtc->identity();
+  const std::string mem_key = be.name() + "/" + std::to_string(device) + "/" + cache::make_key(f).digest;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = loaded.find(mem_key);
+    if (it != loaded.end()) {
+      ++counters.memory_hits;
+      ++info.reused_in_process;
+      return it->second;
+    }
+  }
+  std::shared_ptr<LoadedKernel> k;
+  auto compile = [&] {
+    spdlog::info("smla: compiling {} [{}] for {}", spec.entry, f.shape_tag, target);
+    CompileResult r = rtc->compile(src, target);
+    spdlog::info("smla: compiled {} in {:.2f} s ({} bytes)", spec.entry, r.seconds, r.binary.size());
+    return cache::CompileOutput{std::move(r.binary), std::move(r.log)};
+  };
+  auto accept = [&](const std::vector<uint8_t>& bin) {
+    try {
+      k = be.load(spec, bin, device);
+      return true;
+    } catch (const Error& e) {
+      spdlog::warn("smla: the driver refused the cached binary of {}: {}", spec.entry, e.what());
+      return false;
+    }
+  };
+  // Offline (no device) plans never reach here: plan() needs a usable backend.
+  cache::Fetched got = disk->get_or_compile(f, compile, accept);
+  if (!k) k = be.load(spec, got.binary, device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (got.origin == cache::Origin::Compiled) {
+    ++counters.compiled;
+    ++info.compiled;
+  } else {
+    ++counters.disk_hits;
+    ++info.loaded_from_disk;
+  }
+  auto ins = loaded.emplace(mem_key, k);
+  return ins.first->second;
+}
+
+Runtime::Runtime(RuntimeOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {
+  static std::once_flag log_once;
+  std::call_once(log_once, [] { spdlog::set_level(spdlog::level::from_str(runtime_env().log_level)); });
+}
+
+Runtime::~Runtime() = default;
+
+std::vector<BackendStatus> Runtime::backends() const {
+  std::vector<BackendStatus> out;
+  out.push_back({"cpu", true, true, "plain C++ phases, synchronous"});
+  BackendStatus c{"cuda", false, false, ""};
+  std::string why, cwhy;
+  c.usable = impl_->cuda.usable(&why);
+  c.can_compile = impl_->cuda.compiler()->available(&cwhy);
+  if (c.usable) {
+    c.detail = std::to_string(impl_->cuda.device_count()) + " device(s), target " + impl_->cuda.target(0);
+  } else {
+    c.detail = why;
+  }
+  c.detail += c.can_compile ? "; NVRTC " + impl_->cuda.compiler()->identity() : "; cannot compile: " + cwhy;
+  out.push_back(c);
+  out.push_back({"hip", false, false, "not built into this version"});
+  return out;
+}
+
+BackendKind Runtime::resolve(BackendKind b) const {
+  if (b != BackendKind::Auto) return b;
+  if (impl_->cuda.usable(nullptr)) return BackendKind::Cuda;
+  return BackendKind::Cpu;
+}
+
+Runtime::Counters Runtime::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->counters;
+}
+
+std::shared_ptr<const Plan> Runtime::plan(const Problem& p) {
+  validate_problem(p);
+  const BackendKind kind = resolve(p.backend);
+  Backend* be = impl_->backend(kind);
+  if (!be)
+    SMLA_THROW(Status::NoBackend, std::string("the ") + backend_name(kind) +
+                                      " backend is not available in this build (backends: cpu, cuda)");
+  std::string why;
+  if (!be->usable(&why))
+    SMLA_THROW(Status::NoBackend, std::string("the ") + backend_name(kind) + " backend is not usable here: " + why);
+  if (p.device >= be->device_count())
+    SMLA_THROW(Status::InvalidArgument, "Problem::device = " + std::to_string(p.device) + ": the " + be->name() +
+                                            " backend has " + std::to_string(be->device_count()) + " device(s)");
+
+  auto plan = std::make_shared<PlanImpl>();
+  plan->problem_ = p;
+  plan->backend_ = be;
+  plan->shape_ = choose_shape(p, runtime_env().interm_budget);
+  if (kind == BackendKind::Cuda) {
+    std::string not_ok;
+    if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
+  }
+  plan->layout_ = layout_workspace(plan->shape_);
+  plan->steps_ = order_steps(plan->shape_, impl_->kernels_of(kind));
+  const std::string target = be->target(p.device);
+  plan->info_.backend = be->name();
+  plan->info_.target = target;
+  plan->info_.r_chunk = plan->shape_.r_chunk;
+  plan->info_.n_chunks = plan->shape_.n_chunks;
+  plan->info_.config_source = "heuristic";
+  for (const Step& st : plan->steps_) {
+    plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));
+    plan->info_.kernels.push_back(st.spec.entry);
+  }
+  spdlog::debug("smla: planned {} launches on {} ({}), workspace {} bytes", plan->steps_.size(), be->name(),
+                target, plan->layout_.total);
+  return plan;
+}
+
+}  // namespace smla

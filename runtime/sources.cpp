@@ -1,0 +1,81 @@
+// sources.cpp: embedded kernel sources and rendering.
+#include "sources.hpp"
+
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "check.hpp"
+
+namespace smla {
+
+const std::vector<std::pair<std::string, std::string>>& embedded_kernel_sources();  // generated
+
+namespace {
+std::mutex g_load_mutex;
+}
+
+KernelSources::KernelSources(std::string dir) : dir_(std::move(dir)) {}
+
+bool KernelSources::has(const std::string& name) const {
+  if (dir_.empty()) {
+    for (const auto& f : embedded_kernel_sources())
+      if (f.first == name) return true;
+    return false;
+  }
+  std::ifstream in(dir_ + "/" + name);
+  return in.good();
+}
+
+const std::string& KernelSources::file(const std::string& name) const {
+  if (dir_.empty()) {
+    for (const auto& f : embedded_kernel_sources())
+      if (f.first == name) return f.second;
+    SMLA_THROW(Status::Internal, "kernel source '" + name + "' is not embedded in this build of smla");
+  }
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  for (const auto& f : loaded_)
+    if (f.first == name) return f.second;
+  std::ifstream in(dir_ + "/" + name, std::ios::binary);
+  SMLA_REQUIRE(in.good(), Status::InvalidArgument,
+               "kernel source '" + name + "' not found in the source directory '" + dir_ + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  loaded_.emplace_back(name, ss.str());
+  return loaded_.back().second;
+}
+
+std::string source_file_name(const std::string& stem, const std::string& family) {
+  return stem + (family == "hip" ? ".hip" : ".cu");
+}
+
+RenderedSource KernelSources::render(const KernelSpec& spec, const std::string& family) const {
+  RenderedSource out;
+  out.name = source_file_name(spec.stem, family);
+  std::ostringstream tu;
+  tu << "// smla kernel " << spec.entry << " (" << family << "), rendered by the runtime\n";
+  for (const auto& d : spec.defines) tu << "#define " << d.first << " " << d.second << "\n";
+  tu << "#line 1 \"" << out.name << "\"\n" << file(out.name);
+  out.text = tu.str();
+
+  // Attach every quoted include found in kernel_src, transitively, so the compile reads no disk
+  // and the cache key sees every byte.
+  static const std::regex inc_re("#\\s*include\\s*\"([^\"]+)\"");
+  std::set<std::string> seen;
+  std::vector<std::string> todo{out.text};
+  while (!todo.empty()) {
+    std::string text = std::move(todo.back());
+    todo.pop_back();
+    for (std::sregex_iterator it(text.begin(), text.end(), inc_re), end; it != end; ++it) {
+      std::string name = (*it)[1];
+      if (!seen.insert(name).second || !has(name)) continue;
+      out.headers.emplace_back(name, file(name));
+      todo.push_back(out.headers.back().second);
+    }
+  }
+  return out;
+}
+
+}  // namespace smla

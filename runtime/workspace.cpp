@@ -1,0 +1,61 @@
+// workspace.cpp: named, aligned regions of the workspace.
+#include "workspace.hpp"
+
+#include <cstdint>
+
+namespace smla {
+
+std::vector<const Region*> WorkspaceLayout::regions() const {
+  return {&delta, &lse_n, &dq_acc, &ds, &pm, &interm, &csr_keys0, &csr_keys1,
+          &csr_vals0, &csr_vals1, &csr_hist, &row_ptr, &dkv_acc, &index_report};
+}
+
+WorkspaceLayout layout_workspace(const ShapeInfo& s) {
+  WorkspaceLayout w;
+  size_t cursor = 0;
+  auto put = [&](Region& r, size_t bytes) {
+    r.offset = cursor;
+    r.bytes = bytes;
+    cursor += (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+  };
+  const size_t T = s.T, H = s.H, RC = s.r_chunk, KV = s.num_kv, D = SMLA_D;
+  const size_t items = T * RC;
+  put(w.delta, T * H * sizeof(float));
+  put(w.lse_n, T * H * sizeof(float));
+  put(w.dq_acc, s.n_chunks > 1 ? T * H * D * sizeof(float) : 0);
+  put(w.ds, items * H * sizeof(smla_bf16));
+  put(w.pm, items * H * sizeof(smla_bf16));
+  put(w.interm, items * D * sizeof(smla_bf16));
+  put(w.csr_keys0, items * sizeof(int));
+  put(w.csr_keys1, items * sizeof(int));
+  put(w.csr_vals0, items * sizeof(int));
+  put(w.csr_vals1, items * sizeof(int));
+  put(w.csr_hist, (size_t(1) << s.radix_bits) * size_t(s.csr_tiles) * sizeof(int));
+  put(w.row_ptr, (KV + 1) * sizeof(int));
+  put(w.dkv_acc, s.n_chunks > 1 ? KV * D * sizeof(float) : 0);
+  put(w.index_report, 4 * sizeof(int));
+  w.total = cursor;
+  return w;
+}
+
+void WorkspaceLayout::place(void* base, SmlaParams& p) const {
+  auto at = [&](const Region& r) -> void* {
+    return r.bytes ? static_cast<void*>(static_cast<char*>(base) + r.offset) : nullptr;
+  };
+  p.delta = static_cast<float*>(at(delta));
+  p.lse_n = static_cast<float*>(at(lse_n));
+  p.dq_acc = static_cast<float*>(at(dq_acc));
+  p.ds = static_cast<smla_bf16*>(at(ds));
+  p.pm = static_cast<smla_bf16*>(at(pm));
+  p.interm = static_cast<smla_bf16*>(at(interm));
+  p.csr_keys[0] = static_cast<int*>(at(csr_keys0));
+  p.csr_keys[1] = static_cast<int*>(at(csr_keys1));
+  p.csr_vals[0] = static_cast<int*>(at(csr_vals0));
+  p.csr_vals[1] = static_cast<int*>(at(csr_vals1));
+  p.csr_hist = static_cast<int*>(at(csr_hist));
+  p.row_ptr = static_cast<int*>(at(row_ptr));
+  p.dkv_acc = static_cast<float*>(at(dkv_acc));
+  p.index_report = static_cast<int*>(at(index_report));
+}
+
+}  // namespace smla

@@ -1,0 +1,112 @@
+// e2e_common.hpp: shared pieces of the end-to-end tests: a case, running it through the public
+// API on one backend, and checking it against the float64 reference.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "runtime/cuda/cuda_api.hpp"
+#include "tools/case_runner.hpp"
+
+namespace smla::test {
+
+enum class LseKind { Aiter, FlashMla, Base2Incl };
+
+struct Case {
+  int T, H, num_kv, topk, r_chunk;
+  bool sink;
+  ref::TopkKind kind;
+  bool empty_rows = false, repeats = false;
+  LseKind lse = LseKind::Aiter;
+  bool out_of_range = false;
+};
+
+inline std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << "T=" << c.T << " H=" << c.H << " num_kv=" << c.num_kv << " topk=" << c.topk << " r_chunk=" << c.r_chunk
+    << (c.sink ? " sink" : " no-sink") << (c.kind == ref::TopkKind::Benchmark ? " bench-topk" : " uniform-topk")
+    << (c.empty_rows ? " empty-rows" : "") << (c.repeats ? " repeats" : "")
+    << (c.lse == LseKind::FlashMla ? " lse=base2-excl" : c.lse == LseKind::Base2Incl ? " lse=base2-incl" : "")
+    << (c.out_of_range ? " out-of-range" : "");
+  return s.str();
+}
+
+inline bool cuda_usable() { return cuda::driver().ok; }
+inline std::string cuda_why() { return cuda::driver().why; }
+
+/// One process-wide runtime, as a framework would hold it.
+inline Runtime& shared_runtime() {
+  static Runtime rt;
+  return rt;
+}
+
+inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
+  ref::Inputs in = ref::make_inputs(c.T, c.H, c.num_kv, c.topk, c.sink, seed, c.kind);
+  if (c.empty_rows) {
+    std::vector<int> rows{0};
+    if (c.T > 2) rows.push_back(c.T / 2);
+    ref::make_rows_empty(in, rows);
+  }
+  if (c.repeats) ref::inject_repeats(in, std::max(4, c.T / 4), seed + 1);
+  if (c.out_of_range) ref::inject_out_of_range(in, std::max(3, c.T / 8), seed + 2);
+  return in;
+}
+
+inline Problem make_problem(BackendKind b, const Case& c) {
+  Problem p;
+  p.T = c.T, p.H = c.H, p.num_kv = c.num_kv, p.topk = c.topk, p.r_chunk = c.r_chunk;
+  p.has_sink = c.sink;
+  p.backend = b;
+  if (c.lse == LseKind::FlashMla) p.lse = {true, false};
+  if (c.lse == LseKind::Base2Incl) p.lse = {true, true};
+  return p;
+}
+
+inline std::vector<float> case_lse(const Case& c, const ref::Inputs& in) {
+  if (c.lse == LseKind::FlashMla) return ref::lse_in_mode(in, true, true);
+  if (c.lse == LseKind::Base2Incl) return ref::lse_in_mode(in, true, false);
+  return in.lse;
+}
+
+inline void expect_bar(const char* name, const ref::Compare& cmp) {
+  EXPECT_TRUE(ref::meets_bar(cmp)) << name << ": rel_err " << cmp.rel_err << " cosine " << cmp.cosine
+                                   << " finite " << cmp.finite << " unwritten " << cmp.unwritten;
+}
+
+inline void expect_same_bits(const tools::Outputs& a, const tools::Outputs& b) {
+  EXPECT_TRUE(a.dq == b.dq) << "dq differs between two runs";
+  EXPECT_TRUE(a.dkv == b.dkv) << "dkv differs between two runs";
+  EXPECT_TRUE(a.dkv_f32.size() == b.dkv_f32.size() &&
+              std::memcmp(a.dkv_f32.data(), b.dkv_f32.data(), a.dkv_f32.size() * 4) == 0)
+      << "dkv (fp32) differs between two runs";
+  EXPECT_TRUE(a.d_sink.size() == b.d_sink.size() &&
+              std::memcmp(a.d_sink.data(), b.d_sink.data(), a.d_sink.size() * 4) == 0)
+      << "d_sink differs between two runs";
+}
+
+/// Plans and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
+/// against the float64 reference and against each other bit for bit.
+inline void run_and_check(BackendKind b, const Case& c, uint64_t seed) {
+  const ref::Inputs in = make_case_inputs(c, seed);
+  const Problem p = make_problem(b, c);
+  auto plan = shared_runtime().plan(p);
+  const std::vector<float> lse = case_lse(c, in);
+  tools::CaseRunner cr(p, in, &lse);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  const tools::Outputs first = cr.read_outputs();
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  const tools::Outputs second = cr.read_outputs();
+
+  const ref::Grads g = ref::backward(in);
+  const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512;
+  expect_bar("dq", ref::compare(g.dq, first.dq.data(), nq));
+  expect_bar("dkv", ref::compare(g.dkv, first.dkv.data(), nkv));
+  if (c.sink) expect_bar("d_sink", ref::compare(g.d_sink, first.d_sink.data(), size_t(c.H)));
+  expect_same_bits(first, second);
+}
+
+}  // namespace smla::test

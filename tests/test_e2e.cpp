@@ -1,0 +1,64 @@
+// test_e2e.cpp: the whole backward through the public API against the float64 reference, on the
+// CPU backend (always) and the CUDA backend (skipped with a message where no GPU is usable).
+// Fresh random inputs every run, outputs (and the workspace) poisoned before each run, every
+// element checked written, two runs bitwise identical.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "tests/e2e_common.hpp"
+
+namespace smla::test {
+namespace {
+
+std::vector<Case> cpu_cases() {
+  using K = ref::TopkKind;
+  return {
+      {1, 16, 64, 64, 0, true, K::Benchmark},
+      {63, 16, 48, 64, 32, false, K::Uniform},          // num_kv < T, chunked
+      {257, 16, 400, 160, 80, true, K::Benchmark},       // chunked, window + pool
+      {65, 64, 300, 64, 16, true, K::Uniform, true, true},  // empty rows, repeats, 4 chunks
+      {33, 128, 100, 64, 0, true, K::Uniform},
+      {40, 32, 90, 96, 48, false, K::Uniform, true, false, LseKind::FlashMla},
+      {40, 16, 90, 64, 0, true, K::Uniform, false, true, LseKind::FlashMla},
+      {70, 16, 200, 160, 0, true, K::Benchmark, false, false, LseKind::Base2Incl},
+      {50, 16, 120, 64, 32, true, K::Uniform, false, false, LseKind::Aiter, true},  // out-of-range indices
+  };
+}
+
+std::vector<Case> gpu_cases() {
+  using K = ref::TopkKind;
+  std::vector<Case> c = cpu_cases();
+  const std::vector<Case> more = {
+      {257, 128, 1300, 512, 0, true, K::Benchmark},
+      {257, 128, 1300, 512, 128, true, K::Benchmark, true, true},
+      {63, 64, 600, 640, 0, false, K::Benchmark},
+      {63, 64, 600, 640, 160, true, K::Uniform, true, true, LseKind::FlashMla},
+      {257, 16, 1500, 1152, 0, true, K::Benchmark},
+      {257, 128, 3000, 1152, 384, true, K::Benchmark},
+      {1, 128, 5, 160, 0, true, K::Uniform, false, true},
+      {4096, 64, 5120, 512, 0, true, K::Benchmark},
+      {4096, 16, 4128, 160, 0, false, K::Benchmark},
+  };
+  c.insert(c.end(), more.begin(), more.end());
+  return c;
+}
+
+TEST(E2E, CpuBackendMatchesReference) {
+  for (const Case& c : cpu_cases()) {
+    SCOPED_TRACE(describe(c));
+    run_and_check(BackendKind::Cpu, c, 1000 + std::random_device{}() % 1000);
+  }
+}
+
+TEST(E2E, CudaBackendMatchesReference) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  for (const Case& c : gpu_cases()) {
+    SCOPED_TRACE(describe(c));
+    run_and_check(BackendKind::Cuda, c, 2000 + std::random_device{}() % 1000);
+  }
+}
+
+}  // namespace
+}  // namespace smla::test

@@ -1,0 +1,133 @@
+// test_planner.cpp: validation, chunking, phase order and workspace layout, with no device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "runtime/planner.hpp"
+#include "runtime/workspace.hpp"
+
+namespace smla {
+namespace {
+
+Problem seed_problem() {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512;
+  p.has_sink = true;
+  return p;
+}
+
+// Each invalid field is rejected with a message naming it and what is expected.
+void expect_rejected(const Problem& p, const std::string& field, Status st) {
+  try {
+    validate_problem(p);
+    FAIL() << "accepted a problem with a bad " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), st) << e.what();
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, ValidatesEveryField) {
+  EXPECT_NO_THROW(validate_problem(seed_problem()));
+  Problem p = seed_problem();
+  p.head_dim = 576;
+  expect_rejected(p, "head_dim", Status::Unsupported);
+  p = seed_problem(), p.H = 48;
+  expect_rejected(p, "H", Status::Unsupported);
+  p = seed_problem(), p.topk = 100;
+  expect_rejected(p, "topk", Status::Unsupported);
+  p = seed_problem(), p.T = 0;
+  expect_rejected(p, "T", Status::InvalidArgument);
+  p = seed_problem(), p.num_kv = 0;
+  expect_rejected(p, "num_kv", Status::InvalidArgument);
+  p = seed_problem(), p.r_chunk = 96;  // multiple of 16 but not a divisor of 512
+  expect_rejected(p, "r_chunk", Status::InvalidArgument);
+  p = seed_problem(), p.r_chunk = 8;
+  expect_rejected(p, "r_chunk", Status::InvalidArgument);
+  p = seed_problem(), p.scale = -1.0f;
+  expect_rejected(p, "scale", Status::InvalidArgument);
+  p = seed_problem(), p.device = -1;
+  expect_rejected(p, "device", Status::InvalidArgument);
+  p = seed_problem(), p.T = 1 << 22, p.topk = 1024;
+  expect_rejected(p, "T * topk", Status::InvalidArgument);
+}
+
+TEST(Planner, DefaultChunkRespectsTheBudgetAndDividesTopk) {
+  const size_t two_gib = size_t(2) << 30;
+  EXPECT_EQ(default_r_chunk(4096, 512, two_gib), 512);   // 2 GiB exactly: unchunked, as the seed
+  EXPECT_EQ(default_r_chunk(8192, 512, two_gib), 256);
+  EXPECT_EQ(default_r_chunk(4096, 1152, two_gib), 384);  // 1152 = 3 x 384
+  for (int64_t topk : {64, 160, 512, 640, 1152}) {
+    for (int64_t T : {1, 63, 4096, 16384}) {
+      const int64_t rc = default_r_chunk(T, topk, two_gib);
+      EXPECT_EQ(topk % rc, 0);
+      EXPECT_EQ(rc % 16, 0);
+      if (rc > 16) EXPECT_LE(double(T) * rc * 1024, double(two_gib));
+    }
+  }
+}
+
+TEST(Planner, RadixPassesCoverTheEmptyKey) {
+  EXPECT_EQ(radix_passes_for(255, 8), 1);  // keys 0..255 fit in 8 bits
+  EXPECT_EQ(radix_passes_for(256, 8), 2);  // key 256 (empty slot) needs a 9th bit
+  EXPECT_EQ(radix_passes_for(5120, 8), 2);
+  EXPECT_EQ(radix_passes_for(70000, 8), 3);
+}
+
+TEST(Planner, StepOrderFollowsThePipeline) {
+  Problem p = seed_problem();
+  p.r_chunk = 128;
+  p.check_indices = true;
+  const ShapeInfo s = choose_shape(p, size_t(2) << 30);
+  EXPECT_EQ(s.n_chunks, 4);
+  auto one_each = [](Phase ph, const ShapeInfo&) {
+    KernelSpec k;
+    k.entry = phase_name(ph);
+    return std::vector<KernelSpec>{k};
+  };
+  const auto steps = order_steps(s, one_each);
+  std::vector<std::string> names;
+  for (const auto& st : steps) names.push_back(st.spec.entry + "/" + std::to_string(st.chunk));
+  std::vector<std::string> want{"check_topk/0", "delta/0"};
+  for (int c = 0; c < 4; ++c)
+    for (const char* ph : {"dq", "dkv_interm", "csr", "gather"}) want.push_back(std::string(ph) + "/" + std::to_string(c));
+  want.push_back("d_sink/0");
+  EXPECT_EQ(names, want);
+
+  p.has_sink = false;
+  p.check_indices = false;
+  const auto no_sink = order_steps(choose_shape(p, size_t(2) << 30), one_each);
+  EXPECT_EQ(no_sink.front().phase, Phase::Delta);
+  EXPECT_EQ(no_sink.back().phase, Phase::Gather);
+}
+
+TEST(Planner, WorkspaceRegionsAreAlignedDisjointAndSized) {
+  for (int64_t rc : {512, 128}) {
+    Problem p = seed_problem();
+    p.r_chunk = rc;
+    const ShapeInfo s = choose_shape(p, size_t(2) << 30);
+    const WorkspaceLayout w = layout_workspace(s);
+    auto regions = w.regions();
+    std::sort(regions.begin(), regions.end(), [](const Region* a, const Region* b) { return a->offset < b->offset; });
+    for (size_t i = 0; i < regions.size(); ++i) {
+      EXPECT_EQ(regions[i]->offset % WorkspaceLayout::kAlign, 0u) << regions[i]->name;
+      if (i + 1 < regions.size()) EXPECT_LE(regions[i]->offset + regions[i]->bytes, regions[i + 1]->offset);
+      EXPECT_LE(regions[i]->offset + regions[i]->bytes, w.total);
+    }
+    EXPECT_EQ(w.interm.bytes, size_t(4096) * rc * 512 * 2);
+    EXPECT_EQ(w.dq_acc.bytes, rc == 512 ? 0u : size_t(4096) * 128 * 512 * 4);  // only when chunked
+    EXPECT_EQ(w.row_ptr.bytes, size_t(5121) * 4);
+
+    // place() points every field at its region.
+    SmlaParams prm{};
+    char* base = reinterpret_cast<char*>(0x100000);
+    w.place(base, prm);
+    EXPECT_EQ(reinterpret_cast<char*>(prm.interm), base + w.interm.offset);
+    EXPECT_EQ(reinterpret_cast<char*>(prm.row_ptr), base + w.row_ptr.offset);
+    EXPECT_EQ(prm.dq_acc == nullptr, rc == 512);
+  }
+}
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,190 @@
+// smla-bench: runs the backward through the public API on random inputs with the contract's
+// benchmark top-k; times it (device events on a GPU, median of repeats after warm-up) and, with
+// --check, compares dq, dkv and d_sink with the float64 reference.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "tools/case_runner.hpp"
+#include "smla/smla.hpp"
+#include "tests/reference/reference.hpp"
+
+namespace {
+
+struct Options {
+  std::string backend = "auto";
+  std::string shape;
+  int64_t r_chunk = 0;
+  bool no_sink = false, check = false, json = false, breakdown = false, uniform = false;
+  int warmup = -1, repeat = -1;
+  uint64_t seed = 1;
+};
+
+double flops(const smla::Problem& p) { return 10.0 * p.T * p.H * p.topk * 512.0; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int run(const Options& o) {
+  smla::Runtime rt;
+  smla::Problem p;
+  const std::map<std::string, smla::BackendKind> kinds{
+      {"auto", smla::BackendKind::Auto}, {"cpu", smla::BackendKind::Cpu}, {"cuda", smla::BackendKind::Cuda},
+      {"hip", smla::BackendKind::Hip}};
+  p.backend = rt.resolve(kinds.at(o.backend));
+  const bool gpu = p.backend == smla::BackendKind::Cuda;
+  std::string shape = o.shape.empty() ? (gpu ? "4096,128,5120,512" : "256,16,320,160") : o.shape;
+  {
+    std::vector<int64_t> v;
+    std::stringstream ss(shape);
+    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+    if (v.size() != 4) throw CLI::ValidationError("--shape", "expected T,H,NUM_KV,TOPK, got " + shape);
+    p.T = v[0], p.H = v[1], p.num_kv = v[2], p.topk = v[3];
+  }
+  p.has_sink = !o.no_sink;
+  p.r_chunk = o.r_chunk;
+
+  const auto t_plan0 = std::chrono::steady_clock::now();
+  auto plan = rt.plan(p);
+  const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan0).count();
+  const auto& info = plan->info();
+
+  smla::ref::Inputs in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, o.seed,
+                                                o.uniform ? smla::ref::TopkKind::Uniform : smla::ref::TopkKind::Benchmark);
+  smla::tools::CaseRunner cr(p, in);
+  smla::Tensors& t = cr.tensors();
+  const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
+  void* ws = cr.workspace(plan->workspace_bytes());
+  void* s = cr.stream();
+
+  // First run: the one checked (outputs were poisoned just before it).
+  cr.poison_outputs();
+  plan->run(t, ws, plan->workspace_bytes(), s);
+  const smla::tools::Outputs out = cr.read_outputs();
+
+  const int warmup = o.warmup >= 0 ? o.warmup : (gpu ? 5 : 0);
+  const int repeat = o.repeat > 0 ? o.repeat : (gpu ? 20 : 3);
+  for (int i = 0; i < warmup; ++i) plan->run(t, ws, plan->workspace_bytes(), s);
+  std::vector<double> times;
+  for (int i = 0; i < repeat; ++i) {
+    if (gpu) {
+      smla::cuda::Event e0, e1;
+      e0.record(static_cast<CUstream>(s));
+      plan->run(t, ws, plan->workspace_bytes(), s);
+      e1.record(static_cast<CUstream>(s));
+      times.push_back(e1.since(e0));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      plan->run(t, ws, plan->workspace_bytes(), s);
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  const double ms = median(times);
+  const double tflops = flops(p) / (ms * 1e-3) / 1e12;
+
+  nlohmann::json j;
+  j["backend"] = info.backend;
+  j["target"] = info.target;
+  j["T"] = p.T, j["H"] = p.H, j["num_kv"] = p.num_kv, j["topk"] = p.topk;
+  j["r_chunk"] = info.r_chunk, j["n_chunks"] = info.n_chunks, j["sink"] = p.has_sink;
+  j["config"] = info.config_source;
+  j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat;
+  j["plan_ms"] = plan_ms, j["compiled"] = info.compiled, j["loaded_from_disk"] = info.loaded_from_disk;
+
+  if (o.breakdown) {
+    std::map<std::string, double> phase_ms;
+    std::vector<std::string> order;
+    for (size_t i = 0; i < plan->launch_count(); ++i) {
+      std::vector<double> ts;
+      for (int r = 0; r < std::max(3, repeat / 2); ++r) {
+        if (gpu) {
+          smla::cuda::Event e0, e1;
+          e0.record(static_cast<CUstream>(s));
+          plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+          e1.record(static_cast<CUstream>(s));
+          ts.push_back(e1.since(e0));
+        } else {
+          const auto t0 = std::chrono::steady_clock::now();
+          plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+          ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+      }
+      const std::string ph = plan->launch_phase(i);
+      if (!phase_ms.count(ph)) order.push_back(ph);
+      phase_ms[ph] += median(ts);
+    }
+    double sum = 0;
+    for (auto& kv : phase_ms) sum += kv.second;
+    if (!o.json) std::printf("%-12s %10s %7s\n", "phase", "ms", "share");
+    for (const auto& ph : order) {
+      j["phases"][ph] = phase_ms[ph];
+      if (!o.json) std::printf("%-12s %10.3f %6.1f%%\n", ph.c_str(), phase_ms[ph], 100.0 * phase_ms[ph] / sum);
+    }
+    if (!o.json) std::printf("%-12s %10.3f (sum of phases; end to end %.3f ms)\n", "total", sum, ms);
+  }
+
+  bool pass = true;
+  if (o.check) {
+    const smla::ref::Grads g = smla::ref::backward(in);
+    auto report = [&](const char* name, const smla::ref::Compare& c) {
+      j["rel_err"][name] = c.rel_err;
+      j["cosine"][name] = c.cosine;
+      j["unwritten"][name] = c.unwritten;
+      const bool ok = smla::ref::meets_bar(c);
+      pass = pass && ok;
+      if (!o.json)
+        std::printf("check %-6s rel_err %.3e  cosine %.6f  finite %s  unwritten %zu  %s\n", name, c.rel_err, c.cosine,
+                    c.finite ? "yes" : "NO", c.unwritten, ok ? "ok" : "FAIL");
+    };
+    report("dq", smla::ref::compare(g.dq, out.dq.data(), nq));
+    report("dkv", smla::ref::compare(g.dkv, out.dkv.data(), nkv));
+    if (p.has_sink) report("d_sink", smla::ref::compare(g.d_sink, out.d_sink.data(), p.H));
+    j["pass"] = pass;
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s: %.3f ms, %.1f TFLOP/s "
+                "(median of %d; plan %.1f ms, %d compiled, %d from disk)\n",
+                info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
+                (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", ms, tflops, repeat, plan_ms,
+                info.compiled, info.loaded_from_disk);
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"smla-bench: time and check the sparse-MLA backward"};
+  Options o;
+  app.add_option("--backend", o.backend, "auto|cuda|cpu|hip")->check(CLI::IsMember({"auto", "cuda", "cpu", "hip"}));
+  app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK (default: 4096,128,5120,512 on a GPU, 256,16,320,160 on the CPU)");
+  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK (0: the planner's choice)");
+  app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
+  app.add_flag("--check", o.check, "compare with the float64 reference (exit 1 when off the bar)");
+  app.add_flag("--json", o.json, "one JSON object per run on its own line");
+  app.add_flag("--breakdown", o.breakdown, "time each phase on its own");
+  app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
+  app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)");
+  app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
+  app.add_option("--seed", o.seed, "random seed of the inputs");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const smla::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla-bench: %s\n", e.what());
+    return 2;
+  }
+}

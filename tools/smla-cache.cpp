@@ -1,0 +1,99 @@
+// smla-cache: inspect and maintain the kernel cache (the same directory and knobs as the runtime).
+//   smla-cache [--dir DIR] list | verify | prune --max-bytes N | clear | export FILE | import FILE
+// Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors).
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "kernel_cache.hpp"
+
+namespace sc = smla::cache;
+
+namespace {
+
+std::string human(int64_t b) {
+  if (b >= (int64_t(1) << 30)) return fmt::format("{:.1f}G", double(b) / (1 << 30));
+  if (b >= (1 << 20)) return fmt::format("{:.1f}M", double(b) / (1 << 20));
+  if (b >= (1 << 10)) return fmt::format("{:.1f}K", double(b) / (1 << 10));
+  return std::to_string(b);
+}
+
+std::string age(int64_t s) {
+  if (s >= 86400) return std::to_string(s / 86400) + "d";
+  if (s >= 3600) return std::to_string(s / 3600) + "h";
+  if (s >= 60) return std::to_string(s / 60) + "m";
+  return std::to_string(s) + "s";
+}
+
+int report(const char* what, const sc::BulkResult& r) {
+  fmt::print("{}: {} entries\n", what, r.done);
+  for (const auto& x : r.rejected) fmt::print(stderr, "rejected {}\n", x);
+  if (!r.error.empty()) fmt::print(stderr, "error: {}\n", r.error);
+  return r.error.empty() && r.rejected.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"smla-cache: list, verify, prune, clear, export and import the smla kernel cache"};
+  sc::Settings s = sc::settings_from_env();
+  app.add_option("--dir", s.dir, "cache directory (default: SMLA_CACHE_DIR, else XDG cache)");
+  app.require_subcommand(1);
+  auto* list = app.add_subcommand("list", "tag, target, size and age of every entry");
+  auto* verify = app.add_subcommand("verify", "check every entry; exit 1 and name the bad ones");
+  auto* prune = app.add_subcommand("prune", "evict least recently used entries down to a size");
+  std::string max_bytes;
+  prune->add_option("--max-bytes", max_bytes, "bound, e.g. 2G, 512M or bytes")->required();
+  auto* clear = app.add_subcommand("clear", "delete every entry");
+  auto* exp = app.add_subcommand("export", "write every verified entry into one bundle file");
+  auto* imp = app.add_subcommand("import", "add the entries of a bundle, verifying each");
+  std::string file;
+  exp->add_option("FILE", file, "bundle to write")->required();
+  imp->add_option("FILE", file, "bundle to read")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  // Maintenance acts on the user cache as it is: no system layer, no LRU side effects on open.
+  s.disable = false;
+  s.system_dir.clear();
+  s.max_bytes = 0;
+  bool needs_write = prune->parsed() || clear->parsed() || imp->parsed();
+  s.readonly = !needs_write;
+  sc::DiskCache cache(s);
+
+  if (list->parsed()) {
+    auto v = cache.list();
+    fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", "TAG", "TARGET", "SIZE", "AGE", "ENTRY");
+    int64_t total = 0;
+    for (const auto& e : v) {
+      fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", e.tag, e.target, human(e.bytes), age(e.age_s), e.name);
+      total += e.bytes;
+    }
+    fmt::print("{} entries, {} in {}\n", v.size(), human(total), s.dir);
+    return 0;
+  }
+  if (verify->parsed()) {
+    int bad = 0;
+    auto v = cache.verify();
+    for (const auto& e : v) {
+      if (e.ok) continue;
+      ++bad;
+      fmt::print("BAD {}: {}\n", e.name, e.problem);
+    }
+    fmt::print("{} entries, {} bad\n", v.size(), bad);
+    return bad ? 1 : 0;
+  }
+  if (prune->parsed()) {
+    int64_t n = 0;
+    if (!sc::parse_byte_size(max_bytes, &n)) {
+      fmt::print(stderr, "error: --max-bytes '{}' is not a size (e.g. 2G, 512M, 1000)\n", max_bytes);
+      return 2;
+    }
+    return report("evicted", cache.prune(n));
+  }
+  if (clear->parsed()) return report("removed", cache.clear());
+  if (exp->parsed()) return report("exported", cache.export_bundle(file));
+  if (imp->parsed()) return report("imported", cache.import_bundle(file));
+  return 0;
+}
