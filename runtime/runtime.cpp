@@ -10,6 +10,7 @@
 #include "cpu_backend.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels_cuda.hpp"
+#include "hip/hip_backend.hpp"
 #include "env.hpp"
 #include "plan_impl.hpp"
 #include "planner.hpp"
@@ -23,6 +24,7 @@ struct Runtime::Impl {
   KernelSources sources;
   CpuBackend cpu;
   cuda::CudaBackend cuda;
+  hip::HipBackend hip;
   std::unique_ptr<cache::DiskCache> disk;
   std::mutex mu;
   std::map<std::string, std::shared_ptr<LoadedKernel>> loaded;  // in-process: key -> module
@@ -37,6 +39,7 @@ struct Runtime::Impl {
     switch (k) {
       case BackendKind::Cpu: return &cpu;
       case BackendKind::Cuda: return &cuda;
+      case BackendKind::Hip: return &hip;
       default: return nullptr;
     }
   }
@@ -133,13 +136,19 @@ std::vector<BackendStatus> Runtime::backends() const {
   }
   c.detail += c.can_compile ? "; NVRTC " + impl_->cuda.compiler()->identity() : "; cannot compile: " + cwhy;
   out.push_back(c);
-  out.push_back({"hip", false, false, "not built into this version"});
+  BackendStatus h{"hip", false, false, ""};
+  h.usable = impl_->hip.usable(&why);
+  h.can_compile = impl_->hip.compiler()->available(&cwhy);
+  h.detail = h.usable ? std::to_string(impl_->hip.device_count()) + " device(s), target " + impl_->hip.target(0) : why;
+  h.detail += h.can_compile ? "; hipRTC " + impl_->hip.compiler()->identity() : "; cannot compile: " + cwhy;
+  out.push_back(h);
   return out;
 }
 
 BackendKind Runtime::resolve(BackendKind b) const {
   if (b != BackendKind::Auto) return b;
   if (impl_->cuda.usable(nullptr)) return BackendKind::Cuda;
+  if (impl_->hip.usable(nullptr)) return BackendKind::Hip;
   return BackendKind::Cpu;
 }
 

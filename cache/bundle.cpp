@@ -1,0 +1,170 @@
+// bundle.cpp: export/import of cache entries as one file, to seed another machine or a shared
+// system cache. Format (little-endian):
+//   "SMLACB01"  then per entry: u32 name_len, name, u32 n_files, n_files x (u32 len, file name,
+//   u64 size, bytes)  and finally u32 0.
+// The bundle carries no trust: import re-verifies every entry exactly as a load would.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "entry_store.hpp"
+#include "kernel_cache.hpp"
+
+namespace fs = std::filesystem;
+
+namespace smla::cache {
+using namespace detail;
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'M', 'L', 'A', 'C', 'B', '0', '1'};
+constexpr uint64_t kMaxFile = uint64_t(1) << 31;  // sanity bound against garbage sizes
+
+template <class T>
+void put(std::ostream& o, T v) {
+  unsigned char b[sizeof(T)];
+  for (size_t i = 0; i < sizeof(T); ++i) b[i] = (unsigned char)(uint64_t(v) >> (8 * i));
+  o.write(reinterpret_cast<const char*>(b), sizeof b);
+}
+template <class T>
+bool get(std::istream& in, T* v) {
+  unsigned char b[sizeof(T)];
+  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) return false;
+  uint64_t x = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) x |= uint64_t(b[i]) << (8 * i);
+  *v = T(x);
+  return true;
+}
+bool get_bytes(std::istream& in, uint64_t n, std::string* s) {
+  s->resize(size_t(n));
+  return n == 0 || bool(in.read(&(*s)[0], std::streamsize(n)));
+}
+
+}  // namespace
+
+BulkResult DiskCache::export_bundle(const std::string& file) const {
+  BulkResult r;
+  std::string tmp = file + ".partial";
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o) {
+      r.error = "cannot create " + tmp + ": " + std::strerror(errno);
+      return r;
+    }
+    o.write(kMagic, sizeof kMagic);
+    for (const auto& e : verify()) {
+      if (!e.ok) {
+        r.rejected.push_back(e.name + ": " + e.problem);
+        continue;
+      }
+      put<uint32_t>(o, uint32_t(e.name.size()));
+      o << e.name;
+      const char* files[] = {kManifest, kBinary, kSource};
+      put<uint32_t>(o, 3);
+      for (const char* fname : files) {
+        std::vector<uint8_t> bytes;
+        std::string err;
+        read_file(Root{s_.dir}.entry(e.name) + "/" + fname, &bytes, &err);
+        put<uint32_t>(o, uint32_t(std::strlen(fname)));
+        o << fname;
+        put<uint64_t>(o, bytes.size());
+        o.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+      }
+      ++r.done;
+    }
+    put<uint32_t>(o, 0);
+    o.flush();
+    if (!o) {
+      r.error = "cannot write " + tmp + ": " + std::strerror(errno);
+      std::remove(tmp.c_str());
+      return r;
+    }
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) r.error = "cannot rename " + tmp + " to " + file;
+  return r;
+}
+
+BulkResult DiskCache::import_bundle(const std::string& file) {
+  BulkResult r;
+  if (!writable_) {
+    r.error = "cache directory " + s_.dir + " is not writable";
+    return r;
+  }
+  std::ifstream in(file, std::ios::binary);
+  char magic[8];
+  if (!in || !in.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
+    r.error = file + " is not an smla-cache bundle";
+    return r;
+  }
+  for (int64_t index = 0;; ++index) {
+    std::string where = file + ": entry " + std::to_string(index);
+    uint32_t name_len = 0, n_files = 0;
+    if (!get(in, &name_len)) {
+      r.error = where + ": bundle truncated";
+      return r;
+    }
+    if (name_len == 0) return r;  // end marker
+    std::string name, digest;
+    if (name_len > 512 || !get_bytes(in, name_len, &name) || !get(in, &n_files) || n_files > 8) {
+      r.error = where + ": bundle truncated or malformed";
+      return r;
+    }
+    // The name becomes a path: accept only well-formed entry names (no '/', no "..").
+    bool name_ok = valid_entry_name(name, &digest);
+    std::string err;
+    std::string stage = name_ok ? make_staging(Root{s_.dir}, "stage", &err) : "";
+    bool files_ok = true;
+    for (uint32_t i = 0; i < n_files; ++i) {
+      uint32_t fl = 0;
+      uint64_t size = 0;
+      std::string fname, bytes;
+      if (!get(in, &fl) || fl > 64 || !get_bytes(in, fl, &fname) || !get(in, &size) ||
+          size > kMaxFile || !get_bytes(in, size, &bytes)) {
+        std::error_code ec;
+        if (!stage.empty()) fs::remove_all(stage, ec);
+        r.error = where + " (" + name + "): bundle truncated or malformed";
+        return r;
+      }
+      bool known = fname == kManifest || fname == kBinary || fname == kSource;
+      if (!stage.empty() && known)
+        files_ok = write_file(stage + "/" + fname, bytes.data(), bytes.size(), s_.test_fail_writes, &err) && files_ok;
+    }
+    if (!name_ok) {
+      r.rejected.push_back(name + ": not a cache entry name");
+      continue;
+    }
+    if (stage.empty() || !files_ok) {
+      std::error_code ec;
+      if (!stage.empty()) fs::remove_all(stage, ec);
+      r.rejected.push_back(name + ": " + err);
+      continue;
+    }
+    Loaded L = load_entry(stage, digest);
+    std::error_code ec;
+    if (!L.ok) {
+      fs::remove_all(stage, ec);
+      r.rejected.push_back(name + ": " + L.problem);
+      continue;
+    }
+    fsync_dir(stage);
+    std::string dst = Root{s_.dir}.entry(name);
+    int rc = ::rename(stage.c_str(), dst.c_str());
+    int e = rc == 0 ? 0 : errno;
+    if (rc != 0 && (e == EEXIST || e == ENOTEMPTY) && !load_entry(dst, digest).ok) {
+      remove_entry(Root{s_.dir}, name);  // a corrupt local copy gives way to the verified one
+      rc = ::rename(stage.c_str(), dst.c_str());
+      e = rc == 0 ? 0 : errno;
+    }
+    if (rc == 0) {
+      touch(dst);
+      ++r.done;
+    } else {
+      fs::remove_all(stage, ec);
+      if (e == EEXIST || e == ENOTEMPTY) ++r.done;  // a verified copy is already present
+      else r.rejected.push_back(name + ": cannot rename into place: " + std::strerror(e));
+    }
+  }
+}
+
+}  // namespace smla::cache

@@ -1,0 +1,383 @@
+// entry_store.cpp: files, staging, publishing, verification and eviction of one cache root.
+#include "entry_store.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace fs = std::filesystem;
+
+namespace smla::cache::detail {
+
+spdlog::logger& log() {
+  if (auto l = spdlog::get("smla")) return *l;
+  return *spdlog::default_logger_raw();
+}
+
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+int64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+int64_t mtime_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+const std::string& host_name() {
+  static const std::string h = [] {
+    char buf[256] = {};
+    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
+    std::string s(buf);
+    for (char& c : s)
+      if (c == '/' || c == ' ') c = '_';
+    return s;
+  }();
+  return h;
+}
+
+std::string random_hex() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  uint64_t v = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(realtime_ns()) ^ (counter++ << 48);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  return buf;
+}
+
+// Fields of a manifest read defensively: a wrong type is a corrupt entry, not an exception.
+std::string str(const nlohmann::json& j, const char* k) {
+  auto it = j.find(k);
+  if (it == j.end() || !it->is_string()) throw std::runtime_error(std::string("field ") + k);
+  return it->get<std::string>();
+}
+int64_t num(const nlohmann::json& j, const char* k) {
+  auto it = j.find(k);
+  if (it == j.end() || !it->is_number_integer()) throw std::runtime_error(std::string("field ") + k);
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
+                std::string* err) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *err = "cannot create " + path + ": " + errno_text(errno);
+    return false;
+  }
+  const char* p = static_cast<const char*>(data);
+  size_t left = n;
+  int e = 0;
+  if (inject_failure) e = ENOSPC;  // test hook: behave like a full filesystem
+  while (!e && left > 0) {
+    ssize_t w = ::write(fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      e = errno;
+    } else {
+      p += w;
+      left -= size_t(w);
+    }
+  }
+  if (!e && ::fsync(fd) != 0) e = errno;
+  if (::close(fd) != 0 && !e) e = errno;
+  if (e) *err = "cannot write " + path + ": " + errno_text(e);
+  return e == 0;
+}
+
+bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
+               bool* missing) {
+  if (missing) *missing = false;
+  out->clear();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (missing) *missing = errno == ENOENT;
+    *err = "cannot open " + path + ": " + errno_text(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) out->reserve(size_t(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      *err = "cannot read " + path + ": " + errno_text(errno);
+      ::close(fd);
+      return false;
+    }
+    if (r == 0) break;
+    out->insert(out->end(), buf, buf + r);
+  }
+  ::close(fd);
+  return true;
+}
+
+bool fsync_dir(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+void touch(const std::string& path) {
+  // Explicit, strictly increasing stamps: the filesystem's own clock can be coarser than the
+  // gap between two hits, which would make LRU order ambiguous.
+  static std::atomic<int64_t> last{0};
+  int64_t now = realtime_ns(), prev = last.load();
+  int64_t v;
+  do {
+    v = std::max(now, prev + 1);
+  } while (!last.compare_exchange_weak(prev, v));
+  timespec ts[2];
+  ts[0].tv_sec = ts[1].tv_sec = v / 1000000000;
+  ts[0].tv_nsec = ts[1].tv_nsec = v % 1000000000;
+  ::utimensat(AT_FDCWD, path.c_str(), ts, 0);  // best effort: a read-only cache keeps old stamps
+}
+
+std::string make_staging(const Root& r, const char* kind, std::string* err) {
+  std::error_code ec;
+  fs::create_directories(r.staging(), ec);
+  std::string p = r.staging() + "/" + kind + "." + host_name() + "." +
+                  std::to_string(getpid()) + "." + random_hex();
+  if (::mkdir(p.c_str(), 0755) != 0) {
+    *err = "cannot create " + p + ": " + errno_text(errno);
+    return "";
+  }
+  return p;
+}
+
+void remove_entry(const Root& r, const std::string& name) {
+  std::string from = r.entry(name);
+  std::string to = r.staging() + "/trash." + host_name() + "." + std::to_string(getpid()) + "." +
+                   random_hex();
+  std::error_code ec;
+  fs::create_directories(r.staging(), ec);
+  if (::rename(from.c_str(), to.c_str()) == 0) {
+    fs::remove_all(to, ec);
+  } else if (errno != ENOENT) {
+    fs::remove_all(from, ec);  // cannot move it aside: delete in place
+  }
+}
+
+int clean_stale_staging(const Root& r, int64_t stale_s) {
+  std::error_code ec;
+  int removed = 0;
+  int64_t now = realtime_ns();
+  for (fs::directory_iterator it(r.staging(), ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::string path = it->path().string();
+    bool stale = now - mtime_ns(path) > stale_s * 1000000000LL;
+    // <kind>.<host>.<pid>.<rand>; the host may itself contain dots.
+    size_t d3 = name.rfind('.');
+    size_t d2 = d3 == std::string::npos || d3 == 0 ? std::string::npos : name.rfind('.', d3 - 1);
+    size_t d1 = name.find('.');
+    if (d2 != std::string::npos && d1 < d2) {
+      std::string host = name.substr(d1 + 1, d2 - d1 - 1);
+      long pid = std::strtol(name.substr(d2 + 1, d3 - d2 - 1).c_str(), nullptr, 10);
+      if (host == host_name() && pid > 0) {
+        if (pid == getpid()) continue;  // ours, maybe in flight on another thread
+        stale = stale || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH);
+      }
+    }
+    if (!stale) continue;
+    std::error_code rec;
+    fs::remove_all(path, rec);
+    if (!rec) ++removed;
+  }
+  return removed;
+}
+
+Loaded load_entry(const std::string& dir, const std::string& digest) {
+  Loaded L;
+  std::vector<uint8_t> bytes;
+  std::string err;
+  bool missing = false;
+  std::error_code ec;
+  auto gone = [&] { return !fs::exists(dir, ec); };
+  if (!read_file(dir + "/" + kManifest, &bytes, &err, &missing)) {
+    // No directory at all is a miss; a directory without a manifest was never published whole.
+    L.missing = missing && gone();
+    L.problem = L.missing ? "missing" : "unreadable manifest (" + err + ")";
+    return L;
+  }
+  try {
+    auto j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      L.problem = bytes.empty() ? "empty manifest" : "manifest is not valid JSON";
+      return L;
+    }
+    if (num(j, "format") != kFormatVersion) {
+      L.problem = "cache format " + std::to_string(num(j, "format")) + ", expected " +
+                  std::to_string(kFormatVersion);
+      return L;
+    }
+    std::vector<std::pair<std::string, std::string>> hh;
+    for (const auto& h : j.at("headers")) hh.emplace_back(h.at(0).get<std::string>(), h.at(1).get<std::string>());
+    std::vector<std::string> opts = j.at("options").get<std::vector<std::string>>();
+    std::string d = digest_of(str(j, "kernel"), str(j, "shape_tag"), str(j, "source_xxh3"), hh,
+                              opts, str(j, "target"), str(j, "compiler_id"));
+    if (d != str(j, "digest")) {
+      L.problem = "manifest fields do not hash to its digest";
+      return L;
+    }
+    if (d != digest) {
+      L.problem = "wrong key: entry holds " + d + ", expected " + digest;
+      return L;
+    }
+    std::vector<uint8_t> src;
+    if (!read_file(dir + "/" + kSource, &src, &err, &missing)) {
+      L.missing = missing && gone();
+      L.problem = L.missing ? "missing" : "unreadable source (" + err + ")";
+      return L;
+    }
+    if (int64_t(src.size()) != num(j, "source_bytes") || hash_hex(src.data(), src.size()) != str(j, "source_xxh3")) {
+      L.problem = "source does not match its manifest";
+      return L;
+    }
+    if (!read_file(dir + "/" + kBinary, &L.binary, &err, &missing)) {
+      L.missing = missing && gone();
+      L.problem = L.missing ? "missing" : "unreadable binary (" + err + ")";
+      return L;
+    }
+    int64_t want = num(j, "binary_bytes");
+    if (L.binary.empty() || int64_t(L.binary.size()) != want) {
+      L.problem = "binary has " + std::to_string(L.binary.size()) + " bytes, manifest says " +
+                  std::to_string(want) + " (truncated or zero-length)";
+      return L;
+    }
+    if (hash_hex(L.binary.data(), L.binary.size()) != str(j, "binary_xxh3")) {
+      L.problem = "binary checksum mismatch";
+      return L;
+    }
+    L.manifest = std::move(j);
+    L.ok = true;
+  } catch (const std::exception& e) {
+    L.problem = std::string("malformed manifest (") + e.what() + ")";
+  }
+  if (!L.ok) L.binary.clear();
+  return L;
+}
+
+nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutput& out) {
+  std::vector<std::string> opts = f.options;
+  std::sort(opts.begin(), opts.end());
+  std::vector<std::pair<std::string, std::string>> hh;
+  for (const auto& h : f.headers) hh.emplace_back(h.first, hash_hex(h.second));
+  std::sort(hh.begin(), hh.end());
+  nlohmann::json j;
+  j["format"] = kFormatVersion;
+  j["digest"] = k.digest;
+  j["tag"] = k.tag;
+  j["kernel"] = f.kernel;
+  j["shape_tag"] = f.shape_tag;
+  j["target"] = f.target;
+  j["compiler_id"] = f.compiler_id;
+  j["options"] = opts;
+  j["headers"] = hh;
+  j["source_bytes"] = int64_t(f.source.size());
+  j["source_xxh3"] = hash_hex(f.source);
+  j["binary_bytes"] = int64_t(out.binary.size());
+  j["binary_xxh3"] = hash_hex(out.binary.data(), out.binary.size());
+  j["created_unix"] = int64_t(realtime_ns() / 1000000000);
+  j["log"] = out.log.size() > (1 << 20) ? out.log.substr(0, 1 << 20) : out.log;
+  return j;
+}
+
+bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
+                   const std::string& source, const std::vector<uint8_t>& binary,
+                   const Settings& s, bool* lost_race, std::string* err) {
+  *lost_race = false;
+  std::string stage = make_staging(r, "stage", err);
+  if (stage.empty()) return false;
+  auto fail = [&] {
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    return false;
+  };
+  // Compiler logs may hold bytes that are not UTF-8: replace them rather than throw.
+  std::string m = manifest.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!write_file(stage + "/" + kSource, source.data(), source.size(), s.test_fail_writes, err) ||
+      !write_file(stage + "/" + kBinary, binary.data(), binary.size(), s.test_fail_writes, err))
+    return fail();
+  if (s.test_publish_delay_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(s.test_publish_delay_ms));
+  // The manifest goes last: a staged dir without one is visibly incomplete.
+  if (!write_file(stage + "/" + kManifest, m.data(), m.size(), s.test_fail_writes, err)) return fail();
+  fsync_dir(stage);
+  std::error_code ec;
+  fs::create_directories(r.entries(), ec);
+  std::string dst = r.entry(name);
+  if (::rename(stage.c_str(), dst.c_str()) == 0) {
+    fsync_dir(r.entries());
+    touch(dst);
+    return true;
+  }
+  if (errno == EEXIST || errno == ENOTEMPTY) {
+    *lost_race = true;  // another process published the same key first: that is success
+    fail();
+    return true;
+  }
+  *err = "cannot rename " + stage + " to " + dst + ": " + errno_text(errno);
+  return fail();
+}
+
+std::vector<Scanned> scan_entries(const Root& r) {
+  std::vector<Scanned> v;
+  std::error_code ec;
+  for (fs::directory_iterator it(r.entries(), ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    Scanned s;
+    s.name = name;
+    s.mtime_ns = mtime_ns(it->path().string());
+    std::error_code fec;
+    for (fs::directory_iterator f(it->path(), fec), fend; !fec && f != fend; f.increment(fec)) {
+      std::error_code sec;
+      auto n = fs::file_size(f->path(), sec);
+      if (!sec) s.bytes += int64_t(n);
+    }
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+std::vector<std::string> evict(const Root& r, int64_t max_bytes, const std::string& keep) {
+  std::vector<Scanned> v = scan_entries(r);
+  int64_t total = 0;
+  for (const auto& s : v) total += s.bytes;
+  std::sort(v.begin(), v.end(), [](const Scanned& a, const Scanned& b) {
+    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.name < b.name;
+  });
+  std::vector<std::string> gone;
+  for (const auto& s : v) {
+    if (total <= max_bytes) break;
+    if (s.name == keep) continue;
+    remove_entry(r, s.name);
+    total -= s.bytes;
+    gone.push_back(s.name);
+  }
+  return gone;
+}
+
+}  // namespace smla::cache::detail

@@ -1,0 +1,95 @@
+// entry_store.hpp (internal): one cache directory on disk, independent of any key logic beyond
+// names and manifests. Layout under a root:
+//   entries/<tag>-<digest>/{manifest.json, kernel.bin, source.txt}   published, immutable
+//   .staging/{stage,trash,probe}.<host>.<pid>.<rand>/                in flight or being deleted
+// An entry's directory mtime is its LRU recency stamp (set explicitly on publish and on each hit).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/logger.h>
+
+#include "kernel_cache.hpp"
+
+namespace smla::cache::detail {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kBinary = "kernel.bin";
+constexpr const char* kSource = "source.txt";
+
+/// The logger named "smla" if the runtime registered one, else spdlog's default logger.
+spdlog::logger& log();
+
+/// XXH3-128 of bytes, 32 lowercase hex chars.
+std::string hash_hex(const void* data, size_t n);
+inline std::string hash_hex(const std::string& s) { return hash_hex(s.data(), s.size()); }
+
+/// The key digest from its material: hashes of the source and headers (so a manifest alone, plus
+/// the stored source, suffices to recompute it when verifying). Sorts options and headers.
+std::string digest_of(const std::string& kernel, const std::string& shape_tag,
+                      const std::string& source_hash,
+                      std::vector<std::pair<std::string, std::string>> header_hashes,
+                      std::vector<std::string> options, const std::string& target,
+                      const std::string& compiler_id);
+
+/// "<readable>-<32 hex>" with a safe charset and no leading dot; the digest part is returned.
+bool valid_entry_name(const std::string& name, std::string* digest = nullptr);
+
+/// Writes and fsyncs a new file (O_EXCL). `inject_failure` simulates a full disk (test hook).
+bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
+                std::string* err);
+/// Reads a whole file; `*missing` is set when it does not exist.
+bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
+               bool* missing = nullptr);
+bool fsync_dir(const std::string& path);
+
+/// Sets a path's mtime to "now", strictly increasing within this process so LRU order is exact.
+void touch(const std::string& path);
+
+struct Root {
+  std::string dir;
+  std::string entries() const { return dir + "/entries"; }
+  std::string staging() const { return dir + "/.staging"; }
+  std::string entry(const std::string& name) const { return entries() + "/" + name; }
+};
+
+/// A fresh directory .staging/<kind>.<host>.<pid>.<rand>; empty string (and *err) on failure.
+std::string make_staging(const Root& r, const char* kind, std::string* err);
+/// Removes an entry so that nobody sees it half-deleted: rename into .staging, then delete.
+void remove_entry(const Root& r, const std::string& name);
+/// Removes staging dirs whose owner is gone (same host, dead pid) or older than `stale_s`.
+int clean_stale_staging(const Root& r, int64_t stale_s);
+
+/// A verified entry or why it is not one. `missing`: no such entry (a plain miss, not corrupt).
+struct Loaded {
+  bool ok = false;
+  bool missing = false;
+  std::string problem;
+  std::vector<uint8_t> binary;
+  nlohmann::json manifest;
+};
+/// Checks manifest (format, recomputed key digest == `digest`), source and binary (size and
+/// checksum, binary non-empty).
+Loaded load_entry(const std::string& entry_dir, const std::string& digest);
+
+nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutput& out);
+
+/// Stages source, binary and manifest, fsyncs them and the directory, renames into place.
+/// Another process winning the rename counts as success (`*lost_race` set).
+bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
+                   const std::string& source, const std::vector<uint8_t>& binary,
+                   const Settings& s, bool* lost_race, std::string* err);
+
+struct Scanned {
+  std::string name;
+  int64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+std::vector<Scanned> scan_entries(const Root& r);
+/// Evicts least recently used entries until the total is <= max_bytes, never `keep`.
+/// Returns the names evicted.
+std::vector<std::string> evict(const Root& r, int64_t max_bytes, const std::string& keep);
+
+}  // namespace smla::cache::detail

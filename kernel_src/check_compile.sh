@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# check_compile.sh: offline compile sweep of the CUDA kernels (no GPU needed).
+#
+# 1. Builds a small generator from runtime/cuda/kernels_cuda.cpp that lists every distinct
+#    kernel (stem, entry, defines) for H in {16,64,128} x TOPK in {64,160,512,640,1152} x
+#    r_chunk in {topk, a smaller divisor} (with and without sink / index checks), renders each
+#    translation unit as the runtime does (#define lines, then the .cu), and compiles it with
+#    NVRTC for sm_90a (headers handed over by name, as the runtime does).
+# 2. Compiles the same rendered units with nvcc for sm_90a and sm_80, and each .cu with no defines.
+# 3. Fails on any error, on spills or stack in dq/dkv_interm, and when their SASS has no HMMA.
+# Usage: kernel_src/check_compile.sh [work_dir]     exit status 0 = all good
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+CUDA="${CUDA_HOME:-/usr/local/cuda}"
+WORK="${1:-$(mktemp -d /tmp/smla_check_compile.XXXXXX)}"
+mkdir -p "$WORK/units"
+NVCC_FLAGS=(-cubin -std=c++17 -Xptxas -v -I"$HERE" -I"$CUDA/include/cccl" -I"$CUDA/include")
+fail=0
+# cuobjdump is not in every toolkit install (pip: nvidia-cuda-cuobjdump; it also needs nvdisasm on PATH); without it HMMA is
+# checked on the PTX instead.
+CUOBJDUMP="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
+[ -n "$CUOBJDUMP" ] || echo "note: no cuobjdump (set CUOBJDUMP=...); checking mma.sync in PTX instead of HMMA in SASS"
+
+cat > "$WORK/gen.cpp" <<'CPP'
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <nvrtc.h>
+#include "runtime/cuda/kernels_cuda.hpp"
+#include "smla/smla.hpp"
+// The runtime's error.cpp is not linked here; this tool only needs the constructor.
+smla::Error::Error(Status s, std::string m, const char* f, int l, std::string c)
+    : std::runtime_error(m), status_(s), message_(m), file_(f), line_(l), call_(c) {}
+static std::string slurp(const std::string& p) { std::ifstream f(p); std::stringstream s; s << f.rdbuf(); return s.str(); }
+int main(int argc, char** argv) {
+  const std::string src = argv[1], out = argv[2], cuda_inc = argv[3];
+  std::vector<smla::ShapeInfo> shapes;
+  for (int H : {16, 64, 128}) for (int topk : {64, 160, 512, 640, 1152})
+    for (int div : {1, 2, 5}) for (int flags = 0; flags < 2; ++flags) {
+      if (topk % div) continue;
+      smla::ShapeInfo s; s.T = 4096; s.H = H; s.topk = topk; s.num_kv = 5120;
+      s.r_chunk = topk / div; s.n_chunks = div; s.has_sink = flags; s.check_indices = flags;
+      int bits = 0; while ((s.num_kv >> bits) != 0) ++bits;  // keys 0..num_kv
+      s.radix_passes = (bits + s.radix_bits - 1) / s.radix_bits;
+      s.csr_tiles = (int)(((long long)s.T * s.r_chunk + s.csr_tile_items - 1) / s.csr_tile_items);
+      std::string why;
+      if (!smla::cuda_shape_supported(s, &why)) { std::fprintf(stderr, "unsupported H=%d topk=%d: %s\n", H, topk, why.c_str()); return 1; }
+      shapes.push_back(s);
+    }
+  const char* hdr_names[] = {"smla_params.h", "common.cuh"};
+  const std::string hdr_text[] = {slurp(src + "/smla_params.h"), slurp(src + "/common.cuh")};
+  const char* hdrs[] = {hdr_text[0].c_str(), hdr_text[1].c_str()};
+  std::map<std::string, std::string> units;  // file name -> text (one per stem + defines)
+  int bad = 0;
+  for (const smla::KernelSpec& k : smla::cuda_all_kernels(shapes)) {
+    std::string text, name = k.stem;
+    for (auto& d : k.defines) { text += "#define " + d.first + " " + std::to_string(d.second) + "\n"; name += "_" + d.first + std::to_string(d.second); }
+    text += slurp(src + "/" + k.stem + ".cu");
+    std::printf("%s %s smem=%u grid=%u,%u block=%u\n", name.c_str(), k.entry.c_str(), k.smem_bytes, k.grid.x, k.grid.y, k.block.x);
+    if (!units.emplace(name, text).second) continue;
+    std::ofstream(out + "/" + name + ".cu") << text;
+    nvrtcProgram prog;
+    nvrtcCreateProgram(&prog, text.c_str(), (k.stem + ".cu").c_str(), 2, hdrs, hdr_names);
+    const std::string inc1 = "-I" + cuda_inc + "/cccl", inc2 = "-I" + cuda_inc;
+    const char* opts[] = {"-arch=sm_90a", "-std=c++17", inc1.c_str(), inc2.c_str()};
+    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    if (r != NVRTC_SUCCESS) {
+      size_t n; nvrtcGetProgramLogSize(prog, &n); std::string log(n, '\0'); nvrtcGetProgramLog(prog, &log[0]);
+      std::fprintf(stderr, "NVRTC FAILED %s:\n%s\n", name.c_str(), log.c_str()); ++bad;
+    }
+    nvrtcDestroyProgram(&prog);
+  }
+  return bad ? 1 : 0;
+}
+CPP
+echo "== generator (runtime/cuda/kernels_cuda.cpp) + NVRTC sm_90a"
+g++ -std=c++17 -O1 -I"$ROOT" -I"$ROOT/include" -I"$CUDA/include" "$WORK/gen.cpp" "$ROOT/runtime/cuda/kernels_cuda.cpp" \
+    -L"$CUDA/lib64" -lnvrtc -Wl,-rpath,"$CUDA/lib64" -o "$WORK/gen"
+"$WORK/gen" "$HERE" "$WORK/units" "$CUDA/include" > "$WORK/specs.txt" || { echo "FAIL: generator/NVRTC"; fail=1; }
+sort -u "$WORK/specs.txt" | sed 's/^/   /'
+
+compile() {  # file arch label
+  local f="$1" arch="$2" out="$WORK/$(basename "${1%.cu}").$2"
+  if ! nvcc "${NVCC_FLAGS[@]}" -gencode=arch=compute_${arch#sm_},code=$arch -o "$out.cubin" "$f" > "$out.log" 2>&1; then
+    echo "FAIL: nvcc $arch $f"; cat "$out.log"; fail=1; return
+  fi
+  case "$(basename "$f")" in dq*|dkv_interm*)
+    if grep -Eq "[1-9][0-9]* bytes (stack frame|spill)" "$out.log"; then echo "FAIL: spills/stack in $f ($arch)"; grep -E "registers|stack|spill" "$out.log"; fail=1; fi
+    if [ -n "$CUOBJDUMP" ]; then
+      if ! "$CUOBJDUMP" -sass "$out.cubin" > "$out.sass" 2>&1; then echo "FAIL: cuobjdump $out.cubin"; cat "$out.sass"; fail=1
+      elif ! grep -q HMMA "$out.sass"; then echo "FAIL: no HMMA in $f ($arch)"; fail=1; fi
+    else  # weaker: the PTX must carry mma.sync (no cuobjdump on this machine)
+      if ! nvcc "${NVCC_FLAGS[@]/-cubin/-ptx}" -arch="${arch/sm_/compute_}" -o "$out.ptx" "$f" > /dev/null 2>&1 ||
+         ! grep -q "mma.sync" "$out.ptx"; then
+        echo "FAIL: no mma.sync in $f ($arch)"; fail=1; fi
+    fi ;;
+  esac
+  printf '   %-6s %-70s %s\n' "$arch" "$(basename "$f")" "$(grep -E 'Used [0-9]+ registers' "$out.log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | paste -sd, -) regs"
+}
+echo "== nvcc: rendered units, sm_90a and sm_80"
+for f in "$WORK"/units/*.cu; do for a in sm_90a sm_80; do compile "$f" "$a"; done; done
+echo "== nvcc: each .cu alone (defaults)"
+for f in "$HERE"/*.cu; do for a in sm_90a sm_80; do compile "$f" "$a"; done; done
+if [ "$fail" -ne 0 ]; then echo "check_compile: FAILED (work dir $WORK)"; exit 1; fi
+echo "check_compile: OK (work dir $WORK)"

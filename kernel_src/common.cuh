@@ -1,0 +1,134 @@
+// common.cuh: what several kernels share.
+//
+// Part 1 (host and device): shared-memory layouts of the matrix kernels as constexpr functions,
+// so the host's launch spec (runtime/cuda/kernels_cuda.cpp includes this file without
+// __CUDACC__) and the kernel carve shared memory from one formula.
+// Part 2 (device only): bf16 <-> f32 by bit manipulation, mma.sync / ldmatrix / cp.async in
+// inline PTX, warp reductions. No CUDA toolkit headers: this compiles under NVRTC as is.
+#ifndef SMLA_COMMON_CUH
+#define SMLA_COMMON_CUH
+
+#if defined(__CUDACC__)
+#define SMLA_HD __host__ __device__
+#else
+#define SMLA_HD
+#endif
+
+// Every bf16 row in shared memory is padded by 8 elements (16 bytes): a row stride of 16*(odd)
+// bytes puts the 8 rows one ldmatrix reads on 8 distinct 16-byte bank groups.
+#define SMLA_ROW_PAD 8
+
+// ---- dq: Q and dO tiles [BLOCK_H][D+pad], two KV buffers [BLOCK_R][D+pad], ds and p tiles
+// [BLOCK_H][BLOCK_R+pad] (bf16), and a validity flag per KV row of each buffer.
+SMLA_HD constexpr unsigned smla_dq_qdo_bytes(int block_h) { return 2u * block_h * (512 + SMLA_ROW_PAD) * 2u; }
+SMLA_HD constexpr unsigned smla_dq_kv_bytes(int block_r) { return 2u * block_r * (512 + SMLA_ROW_PAD) * 2u; }
+SMLA_HD constexpr unsigned smla_dq_dsp_bytes(int block_h, int block_r) {
+  return 2u * block_h * (block_r + SMLA_ROW_PAD) * 2u;
+}
+SMLA_HD constexpr unsigned smla_dq_flag_bytes(int block_r) { return 2u * block_r * 4u; }
+SMLA_HD constexpr unsigned smla_dq_smem_bytes(int block_h, int block_r) {
+  return smla_dq_qdo_bytes(block_h) + smla_dq_kv_bytes(block_r) + smla_dq_dsp_bytes(block_h, block_r) +
+         smla_dq_flag_bytes(block_r);
+}
+
+// ---- dkv_interm: B = [q ; dout] columns of this block [2H][BLOCK_D+pad], two A buffers
+// [ds | pm] rows [BLOCK_R][2H+pad].
+SMLA_HD constexpr unsigned smla_dkv_b_bytes(int h, int block_d) { return 2u * h * (block_d + SMLA_ROW_PAD) * 2u; }
+SMLA_HD constexpr unsigned smla_dkv_a_bytes(int h, int block_r) { return 2u * block_r * (2 * h + SMLA_ROW_PAD) * 2u; }
+SMLA_HD constexpr unsigned smla_dkv_smem_bytes(int h, int block_r, int block_d) {
+  return smla_dkv_b_bytes(h, block_d) + smla_dkv_a_bytes(h, block_r);
+}
+
+#if defined(__CUDACC__)
+
+// ---------------------------------------------------------------- bf16 <-> f32
+__device__ __forceinline__ float smla_bf2f(smla_bf16 b) { return __uint_as_float(((unsigned)b) << 16); }
+
+// Round to nearest even, NaN stays NaN: the same rule as the host's float_to_bf16.
+__device__ __forceinline__ unsigned smla_f2bf_bits(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+__device__ __forceinline__ smla_bf16 smla_f2bf(float f) { return (smla_bf16)smla_f2bf_bits(f); }
+
+// Two floats as a bf16x2 word: `lo` at the lower address.
+__device__ __forceinline__ unsigned smla_pack_bf2(float lo, float hi) {
+  return smla_f2bf_bits(lo) | (smla_f2bf_bits(hi) << 16);
+}
+__device__ __forceinline__ float smla_lo_f(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float smla_hi_f(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// ---------------------------------------------------------------- shared memory, async copies
+__device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
+  unsigned a;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// 16-byte global -> shared copy that bypasses registers (sm_80+).
+__device__ __forceinline__ void smla_cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smla_smem_addr(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void smla_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void smla_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void smla_st_shared_zero16(void* smem) {
+  *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// ---------------------------------------------------------------- ldmatrix / mma.sync
+// Four 8x8 b16 matrices; lane l gives the address of row (l % 8) of matrix (l / 8).
+__device__ __forceinline__ void smla_ldsm_x4(unsigned (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smla_smem_addr(smem)));
+}
+__device__ __forceinline__ void smla_ldsm_x4_trans(unsigned (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smla_smem_addr(smem)));
+}
+
+// D(16x8, f32) += A(16x16, bf16, row) * B(16x8, bf16, col).
+// Fragments (g = lane / 4, c = 2 * (lane % 4)): a0 (g, c..c+1), a1 (g+8, c), a2 (g, c+8), a3 (g+8, c+8);
+// b0 (k = c..c+1, n = g), b1 (k = c+8.., n = g); d0,d1 (g, c..c+1), d2,d3 (g+8, c..c+1).
+__device__ __forceinline__ void smla_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------- reductions (fixed order)
+__device__ __forceinline__ float smla_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double smla_warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ int smla_warp_sum_i(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ int smla_warp_min_i(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// An empty slot: anything outside [0, num_kv).
+__device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
+
+#endif  // __CUDACC__
+#endif  // SMLA_COMMON_CUH

@@ -1,0 +1,28 @@
+// d_sink.cu: d_sink[h] = -sum_t exp(sink[h] - lse_n[t,h]) * delta[t,h]. One block per head; the
+// sum is in double, per thread over a fixed stride of t, then a fixed-shape tree: bitwise stable.
+#include "smla_params.h"
+#include "common.cuh"
+
+#ifndef NUM_THREADS
+#define NUM_THREADS 256
+#endif
+static_assert(NUM_THREADS % 32 == 0 && NUM_THREADS <= 1024, "NUM_THREADS: whole warps, at most 1024");
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS) smla_d_sink(SmlaParams p) {
+  __shared__ double warp_sums[NUM_THREADS / 32];
+  const int h = blockIdx.x;
+  const float sk = p.sink[h];
+  double acc = 0.0;
+  for (int t = threadIdx.x; t < p.T; t += NUM_THREADS) {
+    const long long i = (long long)t * p.H + h;
+    acc += (double)expf(sk - p.lse_n[i]) * (double)p.delta[i];
+  }
+  acc = smla_warp_sum_d(acc);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < NUM_THREADS / 32; ++w) total += warp_sums[w];
+    p.d_sink[h] = (float)(-total);
+  }
+}

@@ -1,0 +1,255 @@
+// cpu_phases.cpp: the phases of docs/phases.md in plain C++ on host pointers.
+//
+// Work is split over tokens (or kv rows for gather) into contiguous blocks, one per thread; every
+// output element is written by exactly one thread and its sums run in a fixed order, so results
+// do not depend on the thread count and two runs are bitwise identical.
+#include "cpu_phases.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../bf16.hpp"
+
+namespace smla::cpu {
+namespace {
+
+constexpr int D = SMLA_D;
+
+template <class Fn>
+void parallel_blocks(int n, Fn fn) {
+  int hw = static_cast<int>(std::thread::hardware_concurrency());
+  int nt = std::max(1, std::min({hw > 0 ? hw : 2, 16, n}));
+  if (nt == 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> th;
+  for (int i = 0; i < nt; ++i) {
+    int b = static_cast<int>(static_cast<long long>(n) * i / nt);
+    int e = static_cast<int>(static_cast<long long>(n) * (i + 1) / nt);
+    th.emplace_back([=, &fn] { fn(b, e); });
+  }
+  for (auto& t : th) t.join();
+}
+
+// Eight fixed lanes keep the sum fast and its order independent of anything but D.
+float dot(const float* a, const float* b) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int d = 0; d < D; d += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[d + l] * b[d + l];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void load_row(const smla_bf16* src, float* dst) {
+  for (int d = 0; d < D; ++d) dst[d] = bf16_to_float(src[d]);
+}
+
+// The kv row of slot r of token t, or -1 for an empty one (negative, >= num_kv, or past topk_n).
+int slot_row(const SmlaParams& p, int t, int r) {
+  if (r >= p.topk_n) return -1;
+  int k = p.topk[static_cast<long long>(t) * p.topk_st + r];
+  return (k >= 0 && k < p.num_kv) ? k : -1;
+}
+
+float logaddexp(float a, float b) {
+  float m = std::max(a, b);
+  if (m == -std::numeric_limits<float>::infinity()) return m;
+  return m + std::log1p(std::exp(std::min(a, b) - m));
+}
+
+// The chunk carry shared by dq and gather: writes `part` (+ the carry) to the output on the last
+// chunk, or into the fp32 accumulator before it.
+template <class Out>
+void carry(const SmlaParams& p, const float* part, float* acc, Out out) {
+  if (p.n_chunks == 1) {
+    for (int d = 0; d < D; ++d) out(d, part[d]);
+  } else if (p.chunk == 0) {
+    std::memcpy(acc, part, sizeof(float) * D);
+  } else if (p.chunk < p.n_chunks - 1) {
+    for (int d = 0; d < D; ++d) acc[d] += part[d];
+  } else {
+    for (int d = 0; d < D; ++d) out(d, acc[d] + part[d]);
+  }
+}
+
+}  // namespace
+
+void check_topk(const SmlaParams& p) {
+  int count = 0, ft = -1, fr = -1, fv = 0;
+  for (int t = 0; t < p.T; ++t)
+    for (int r = 0; r < p.topk_n; ++r) {
+      int k = p.topk[static_cast<long long>(t) * p.topk_st + r];
+      if (k >= -1 && k < p.num_kv) continue;
+      if (count++ == 0) ft = t, fr = r, fv = k;
+    }
+  p.index_report[0] = count;
+  p.index_report[1] = ft;
+  p.index_report[2] = fr;
+  p.index_report[3] = fv;
+}
+
+void delta(const SmlaParams& p) {
+  const float ln2 = 0.693147180559945309f;
+  parallel_blocks(p.T, [&](int tb, int te) {
+    std::vector<float> of(D), dof(D);
+    for (int t = tb; t < te; ++t)
+      for (int h = 0; h < p.H; ++h) {
+        load_row(p.o + t * p.o_st + h * p.o_sh, of.data());
+        load_row(p.dout + t * p.do_st + h * p.do_sh, dof.data());
+        long long th = static_cast<long long>(t) * p.H + h;
+        p.delta[th] = dot(of.data(), dof.data());
+        float l = p.lse[t * p.lse_st + h * p.lse_sh];
+        if (p.lse_mode & SMLA_LSE_BASE2) l *= ln2;
+        if ((p.lse_mode & SMLA_LSE_EXCLUDES_SINK) && p.sink) l = logaddexp(l, p.sink[h]);
+        p.lse_n[th] = l;
+      }
+  });
+}
+
+void dq(const SmlaParams& p) {
+  const int RC = p.r_chunk;
+  parallel_blocks(p.T, [&](int tb, int te) {
+    std::vector<float> kvf(static_cast<size_t>(RC) * D), qf(D), dof(D), acc(D);
+    std::vector<int> rows(RC);
+    for (int t = tb; t < te; ++t) {
+      for (int rr = 0; rr < RC; ++rr) {  // the chunk's kv rows once per token, as fp32
+        rows[rr] = slot_row(p, t, p.r_start + rr);
+        if (rows[rr] >= 0) load_row(p.kv + rows[rr] * p.kv_s, &kvf[static_cast<size_t>(rr) * D]);
+      }
+      for (int h = 0; h < p.H; ++h) {
+        load_row(p.q + t * p.q_st + h * p.q_sh, qf.data());
+        load_row(p.dout + t * p.do_st + h * p.do_sh, dof.data());
+        const long long th = static_cast<long long>(t) * p.H + h;
+        const float ln = p.lse_n[th], dl = p.delta[th];
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int rr = 0; rr < RC; ++rr) {
+          const long long w = (static_cast<long long>(t) * RC + rr) * p.H + h;
+          if (rows[rr] < 0) {
+            p.pm[w] = p.ds[w] = 0;
+            continue;
+          }
+          const float* kr = &kvf[static_cast<size_t>(rr) * D];
+          float pv = std::exp(p.scale * dot(qf.data(), kr) - ln);
+          float ds = pv * (dot(dof.data(), kr) - dl);
+          p.pm[w] = float_to_bf16(pv);
+          p.ds[w] = float_to_bf16(p.scale * ds);
+          for (int d = 0; d < D; ++d) acc[d] += ds * kr[d];
+        }
+        for (int d = 0; d < D; ++d) acc[d] *= p.scale;
+        smla_bf16* out = p.dq + t * p.dq_st + h * p.dq_sh;
+        carry(p, acc.data(), p.dq_acc ? p.dq_acc + th * D : nullptr,
+              [&](int d, float v) { out[d] = float_to_bf16(v); });
+      }
+    }
+  });
+}
+
+void dkv_interm(const SmlaParams& p) {
+  const int RC = p.r_chunk, H = p.H;
+  parallel_blocks(p.T, [&](int tb, int te) {
+    std::vector<float> qf(static_cast<size_t>(H) * D), dof(static_cast<size_t>(H) * D), acc(D);
+    for (int t = tb; t < te; ++t) {
+      bool loaded = false;
+      for (int rr = 0; rr < RC; ++rr) {
+        smla_bf16* out = p.interm + (static_cast<long long>(t) * RC + rr) * D;
+        if (slot_row(p, t, p.r_start + rr) < 0) {
+          std::fill(out, out + D, smla_bf16(0));
+          continue;
+        }
+        if (!loaded) {  // this token's q and dout, once, only if some slot needs them
+          for (int h = 0; h < H; ++h) {
+            load_row(p.q + t * p.q_st + h * p.q_sh, &qf[static_cast<size_t>(h) * D]);
+            load_row(p.dout + t * p.do_st + h * p.do_sh, &dof[static_cast<size_t>(h) * D]);
+          }
+          loaded = true;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        const long long w = (static_cast<long long>(t) * RC + rr) * H;
+        for (int h = 0; h < H; ++h) {
+          const float a = bf16_to_float(p.ds[w + h]), b = bf16_to_float(p.pm[w + h]);
+          const float* qh = &qf[static_cast<size_t>(h) * D];
+          const float* dh = &dof[static_cast<size_t>(h) * D];
+          for (int d = 0; d < D; ++d) acc[d] += a * qh[d] + b * dh[d];
+        }
+        for (int d = 0; d < D; ++d) out[d] = float_to_bf16(acc[d]);
+      }
+    }
+  });
+}
+
+void csr(const SmlaParams& p) {
+  const int RC = p.r_chunk;
+  const long long n = static_cast<long long>(p.T) * RC;
+  std::vector<std::pair<int, int>> items(static_cast<size_t>(n));
+  for (int t = 0; t < p.T; ++t)
+    for (int rr = 0; rr < RC; ++rr) {
+      int k = slot_row(p, t, p.r_start + rr);
+      int i = t * RC + rr;
+      items[i] = {k >= 0 ? k : p.num_kv, i};
+    }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const std::pair<int, int>& a, const std::pair<int, int>& b) { return a.first < b.first; });
+  int* keys = p.csr_keys[p.csr_final];
+  int* vals = p.csr_vals[p.csr_final];
+  for (long long i = 0; i < n; ++i) {
+    keys[i] = items[i].first;
+    vals[i] = items[i].second;
+  }
+  long long pos = 0;  // row_ptr[j] = first position with key >= j
+  for (int j = 0; j <= p.num_kv; ++j) {
+    while (pos < n && items[pos].first < j) ++pos;
+    p.row_ptr[j] = static_cast<int>(pos);
+  }
+}
+
+void gather(const SmlaParams& p) {
+  const int* vals = p.csr_vals[p.csr_final];
+  parallel_blocks(p.num_kv, [&](int jb, int je) {
+    std::vector<float> part(D);
+    for (int j = jb; j < je; ++j) {
+      std::fill(part.begin(), part.end(), 0.0f);
+      for (int i = p.row_ptr[j]; i < p.row_ptr[j + 1]; ++i) {
+        const smla_bf16* row = p.interm + static_cast<long long>(vals[i]) * D;
+        for (int d = 0; d < D; ++d) part[d] += bf16_to_float(row[d]);
+      }
+      float* acc = p.dkv_acc ? p.dkv_acc + static_cast<long long>(j) * D : nullptr;
+      if (p.dkv_f32) {
+        float* out = p.dkv_f32 + j * p.dkv_s;
+        carry(p, part.data(), acc, [&](int d, float v) { out[d] = v; });
+      } else {
+        smla_bf16* out = p.dkv + j * p.dkv_s;
+        carry(p, part.data(), acc, [&](int d, float v) { out[d] = float_to_bf16(v); });
+      }
+    }
+  });
+}
+
+void d_sink(const SmlaParams& p) {
+  if (!p.sink || !p.d_sink) return;
+  for (int h = 0; h < p.H; ++h) {
+    double acc = 0;  // wider than fp32: T terms of mixed sign
+    for (int t = 0; t < p.T; ++t) {
+      long long th = static_cast<long long>(t) * p.H + h;
+      acc += std::exp(static_cast<double>(p.sink[h]) - p.lse_n[th]) * p.delta[th];
+    }
+    p.d_sink[h] = static_cast<float>(-acc);
+  }
+}
+
+PhaseFn cpu_phase_fn(const std::string& entry_name) {
+  static const std::pair<const char*, PhaseFn> table[] = {
+      {"smla_check_topk", check_topk}, {"smla_delta", delta},   {"smla_dq", dq},
+      {"smla_dkv_interm", dkv_interm}, {"smla_csr", csr},       {"smla_gather", gather},
+      {"smla_d_sink", d_sink},
+  };
+  for (const auto& e : table)
+    if (entry_name == e.first) return e.second;
+  return nullptr;
+}
+
+}  // namespace smla::cpu

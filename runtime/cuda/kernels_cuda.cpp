@@ -1,0 +1,184 @@
+// kernels_cuda.cpp: which kernel_src/*.cu entries each phase launches on CUDA, with which
+// constants and geometry. Shared-memory sizes come from the layout functions in common.cuh, the
+// same ones the kernels carve their shared memory with.
+#include "kernels_cuda.hpp"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "../../kernel_src/common.cuh"
+#include "../../kernel_src/smla_params.h"
+#include "smla/smla.hpp"
+
+namespace smla {
+namespace {
+
+constexpr unsigned kMaxSmem = 227u * 1024u;  // per-block opt-in limit of sm_90; the planner checks the device's own
+constexpr int kSmallThreads = 256;           // block size of the memory-bound kernels
+constexpr int kScanThreads = 1024;
+constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must fit static smem
+
+// The matrix kernels' tiles after applying the backend defaults (0 in ShapeInfo).
+struct Tiles {
+  int dq_block_h, dq_block_r, dq_warps;
+  int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
+};
+
+// Largest multiple of 16 that divides H and is at most 64 (a dq block keeps Q and dO of its heads
+// in shared memory: 64 heads is what fits next to two kv buffers).
+int default_dq_block_h(int H) {
+  for (int b = 64; b >= 16; b -= 16)
+    if (H % b == 0) return b;
+  return 16;
+}
+
+Tiles tiles_of(const ShapeInfo& s) {
+  Tiles t{};
+  t.dq_block_h = s.dq_block_h ? s.dq_block_h : default_dq_block_h(s.H);
+  t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
+  t.dq_warps = t.dq_block_h / 8;  // (BLOCK_H/16) x 2 warps: each holds 16 heads x 256 dq columns
+  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : 64;
+  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : 256;
+  t.dkv_warps = 8;
+  t.dkv_warps_m = 2;
+  return t;
+}
+
+unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+KernelSpec make(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
+                Dim3 grid, unsigned threads, unsigned smem = 0, int pass = 0) {
+  KernelSpec k;
+  k.stem = stem;
+  k.entry = entry;
+  k.defines = std::move(defines);
+  k.grid = grid;
+  k.block.x = threads;
+  k.smem_bytes = smem;
+  k.pass = pass;
+  return k;
+}
+
+Dim3 grid1(unsigned x, unsigned y = 1) {
+  Dim3 g;
+  g.x = std::max(1u, x);
+  g.y = y;
+  return g;
+}
+
+}  // namespace
+
+bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
+  std::ostringstream e;
+  const Tiles t = tiles_of(s);
+  const long long items = static_cast<long long>(s.T) * s.topk;
+  if (s.T < 1 || s.num_kv < 1 || s.topk < 1) e << "T, num_kv and topk must be >= 1; ";
+  if (s.H < 16 || s.H > 128 || s.H % 16 != 0) e << "H = " << s.H << ": the CUDA kernels need H a multiple of 16 in [16, 128]; ";
+  if (items >= (1LL << 31)) e << "T * topk = " << items << " must be < 2^31 (int32 slot ids); ";
+  if (static_cast<long long>(s.num_kv) + 1 >= (1LL << 31)) e << "num_kv must be < 2^31 - 1; ";
+  if (s.r_chunk < 1 || s.r_chunk > s.topk) e << "r_chunk = " << s.r_chunk << " must be in [1, topk]; ";
+  // dq
+  if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
+    e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
+  if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
+  if (smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r) > kMaxSmem)
+    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r)
+      << " B of shared memory (max " << kMaxSmem << "); ";
+  // dkv_interm: warp tile (BLOCK_R/2) x (BLOCK_D/4), multiples of 16; <= 128 fp32 accumulators per thread.
+  if (t.dkv_block_r < 32 || t.dkv_block_r % 32 != 0) e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
+  if (t.dkv_block_d < 64 || t.dkv_block_d % 64 != 0 || SMLA_D % t.dkv_block_d != 0)
+    e << "dkv_block_d = " << t.dkv_block_d << " must be a multiple of 64 dividing 512; ";
+  if (t.dkv_block_r * t.dkv_block_d > 32768) e << "dkv tile " << t.dkv_block_r << "x" << t.dkv_block_d << " exceeds 32768 outputs; ";
+  if (smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) > kMaxSmem)
+    e << "dkv_interm tile needs " << smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) << " B of shared memory (max "
+      << kMaxSmem << "); ";
+  // csr
+  if (s.radix_bits < 1 || s.radix_bits > 8) e << "radix_bits = " << s.radix_bits << " must be in [1, 8]; ";
+  if (s.csr_tile_items < kSmallThreads || s.csr_tile_items % kSmallThreads != 0 || s.csr_tile_items > kCsrMaxTile)
+    e << "csr_tile_items = " << s.csr_tile_items << " must be a multiple of " << kSmallThreads << " in [" << kSmallThreads
+      << ", " << kCsrMaxTile << "]; ";
+  // keys are 0..num_kv; shifts stay below 32
+  if (s.radix_passes < 1 || s.radix_passes * s.radix_bits > 32 ||
+      (s.radix_passes * s.radix_bits < 32 && (static_cast<long long>(s.num_kv) >> (s.radix_passes * s.radix_bits)) != 0))
+    e << "radix_passes = " << s.radix_passes << " x radix_bits = " << s.radix_bits << " do not cover keys 0..num_kv; ";
+  if (s.csr_tile_items > 0 && s.r_chunk > 0 &&
+      static_cast<long long>(s.csr_tiles) != (static_cast<long long>(s.T) * s.r_chunk + s.csr_tile_items - 1) / s.csr_tile_items)
+    e << "csr_tiles = " << s.csr_tiles << " != ceil(T * r_chunk / csr_tile_items); ";
+  const std::string msg = e.str();
+  if (why) *why = msg;
+  return msg.empty();
+}
+
+std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
+  std::string why;
+  if (!cuda_shape_supported(s, &why))
+    throw Error(Status::Unsupported, "shape not supported by the CUDA kernels: " + why, __FILE__, __LINE__,
+                "cuda_phase_kernels");
+  const Tiles t = tiles_of(s);
+  const long long rows = static_cast<long long>(s.T) * s.H;
+  switch (phase) {
+    case Phase::CheckTopk: {
+      const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
+      // grid-stride scan; 8 slots per thread is enough work per block, 4096 blocks fill any GPU
+      const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
+      return {make("check_topk", "smla_check_topk_init", d, grid1(1), 32),
+              make("check_topk", "smla_check_topk_scan", d, grid1(blocks), kSmallThreads),
+              make("check_topk", "smla_check_topk_final", d, grid1(1), 32)};
+    }
+    case Phase::Delta:
+      return {make("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid1(ceil_div(rows, 8)), 8 * 32)};
+    case Phase::Dq:
+      return {make("dq", "smla_dq",
+                   {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}},
+                   grid1(s.T, s.H / t.dq_block_h), t.dq_warps * 32, smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
+    case Phase::DkvInterm:
+      return {make("dkv_interm", "smla_dkv_interm",
+                   {{"HEADS", s.H},
+                    {"BLOCK_R", t.dkv_block_r},
+                    {"BLOCK_D", t.dkv_block_d},
+                    {"NUM_WARPS", t.dkv_warps},
+                    {"WARPS_M", t.dkv_warps_m}},
+                   grid1(s.T, SMLA_D / t.dkv_block_d), t.dkv_warps * 32,
+                   smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d))};
+    case Phase::Csr: {
+      const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
+                                                             {"CSR_TILE_ITEMS", s.csr_tile_items},
+                                                             {"CSR_THREADS", kSmallThreads},
+                                                             {"CSR_SCAN_THREADS", kScanThreads}};
+      std::vector<KernelSpec> v;
+      for (int pass = 0; pass < s.radix_passes; ++pass) {
+        v.push_back(make("csr", "smla_csr_hist", d, grid1(s.csr_tiles), kSmallThreads, 0, pass));
+        v.push_back(make("csr", "smla_csr_scan", d, grid1(1), kScanThreads, 0, pass));
+        v.push_back(make("csr", "smla_csr_scatter", d, grid1(s.csr_tiles), kSmallThreads, 0, pass));
+      }
+      // positions 0..n inclusive: n + 1 threads
+      v.push_back(make("csr", "smla_csr_rowptr", d,
+                       grid1(ceil_div(static_cast<long long>(s.T) * s.r_chunk + 1, kSmallThreads)), kSmallThreads, 0,
+                       s.radix_passes - 1));
+      return v;
+    }
+    case Phase::Gather:
+      return {make("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid1(ceil_div(s.num_kv, 8)), 8 * 32)};
+    case Phase::DSink:
+      return {make("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid1(s.H), kSmallThreads)};
+  }
+  throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
+}
+
+std::vector<KernelSpec> cuda_all_kernels(const std::vector<ShapeInfo>& shapes) {
+  std::vector<KernelSpec> out;
+  std::set<std::tuple<std::string, std::string, std::vector<std::pair<std::string, long long>>>> seen;
+  for (const ShapeInfo& s : shapes) {
+    std::vector<Phase> phases{Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather};
+    if (s.check_indices) phases.push_back(Phase::CheckTopk);
+    if (s.has_sink) phases.push_back(Phase::DSink);
+    for (Phase ph : phases)
+      for (KernelSpec& k : cuda_phase_kernels(ph, s))
+        if (seen.insert({k.stem, k.entry, k.defines}).second) out.push_back(std::move(k));
+  }
+  return out;
+}
+
+}  // namespace smla

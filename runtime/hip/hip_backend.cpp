@@ -1,0 +1,145 @@
+// hip_backend.cpp: see hip_backend.hpp.
+#include "hip_backend.hpp"
+
+#include "hip_api.hpp"
+
+namespace smla::hip {
+namespace {
+
+class HipKernel : public LoadedKernel {
+ public:
+  HipKernel(const Api& api, int device) : api_(api), device_(device) {}
+  ~HipKernel() override {
+    if (module_) api_.hipModuleUnload(module_);  // nothing to report from a destructor
+  }
+  const Api& api_;
+  int device_;
+  hipModule_t module_ = nullptr;
+  hipFunction_t fn_ = nullptr;
+};
+
+void make_current(const Api& api, int device) {
+  int cur = -1;
+  SMLA_HIP_CHECK(api, hipGetDevice(&cur));
+  if (cur != device) SMLA_HIP_CHECK(api, hipSetDevice(device));
+}
+
+}  // namespace
+
+HipBackend::HipBackend() = default;
+
+const HipBackend::Probe& HipBackend::probe() {
+  static const Probe p = [] {
+    Probe r;
+    std::string why;
+    const Api* api = Api::get(&why);
+    if (!api) {
+      r.why = "HIP backend unusable: " + why;
+      return r;
+    }
+    hipError_t e = api->hipInit(0);
+    int n = 0;
+    if (e == kHipSuccess) e = api->hipGetDeviceCount(&n);
+    if (e != kHipSuccess || n <= 0) {
+      r.why = "HIP backend unusable: no AMD GPU found (" +
+              (e == kHipSuccess ? std::string("hipGetDeviceCount returned 0") : hip_error_text(*api, e)) +
+              "); HIP " + hip_version_string(hip_runtime_version(*api)) + " is installed at " + api->hip_library;
+      api->hipGetLastError();  // leave no sticky error for the host application
+      return r;
+    }
+    r.usable = true;
+    r.devices = n;
+    return r;
+  }();
+  return p;
+}
+
+bool HipBackend::usable(std::string* why) const {
+  try {
+    const Probe& p = probe();
+    if (!p.usable && why) *why = p.why;
+    return p.usable;
+  } catch (const std::exception& e) {  // e.g. hipRuntimeGetVersion failing inside the message
+    if (why) *why = std::string("HIP backend unusable: ") + e.what();
+    return false;
+  }
+}
+
+int HipBackend::device_count() const { return usable(nullptr) ? probe().devices : 0; }
+
+std::string HipBackend::target(int device) const {
+  const Api& api = Api::require();
+  return device_arch_name(api, device);
+}
+
+std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
+                                               int device) {
+  const Api& api = Api::require();
+  make_current(api, device);
+  auto k = std::make_shared<HipKernel>(api, device);
+  SMLA_HIP_CHECK(api, hipModuleLoadData(&k->module_, binary.data()));
+  SMLA_HIP_CHECK(api, hipModuleGetFunction(&k->fn_, k->module_, spec.entry.c_str()));
+  // AMD needs no opt-in for dynamic LDS up to the device limit; check the limit here so a too
+  // large config fails at plan time with a message instead of at launch.
+  size_t limit = max_shared_memory(device);
+  if (spec.smem_bytes > limit)
+    throw Error(Status::Unsupported,
+                spec.entry + " needs " + std::to_string(spec.smem_bytes) + " bytes of LDS; device " +
+                    std::to_string(device) + " allows " + std::to_string(limit),
+                __FILE__, __LINE__, "hipModuleLaunchKernel");
+  return k;
+}
+
+void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
+  const auto& k = static_cast<const HipKernel&>(lk);
+  const Api& api = k.api_;
+  make_current(api, k.device_);
+  SmlaParams params = p;
+  params.pass = spec.pass;
+  void* args[] = {&params};
+  SMLA_HIP_CHECK(api, hipModuleLaunchKernel(k.fn_, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x,
+                                            spec.block.y, spec.block.z, spec.smem_bytes,
+                                            static_cast<hipStream_t>(stream), args, nullptr));
+}
+
+PointerKind pointer_kind_from(int memory_type, int runtime_version) {
+  if (runtime_version >= 60000000) {
+    // ROCm 6: Unregistered 0, Host 1, Device 2, Managed 3, Array 10, Unified 11.
+    if (memory_type == 2 || memory_type == 3 || memory_type == 11) return PointerKind::Device;
+    if (memory_type == 0 || memory_type == 1) return PointerKind::Host;
+    return PointerKind::Unknown;
+  }
+  // ROCm 5: Host 0, Device 1, Array 2, Unified 3.
+  if (memory_type == 1 || memory_type == 3) return PointerKind::Device;
+  if (memory_type == 0) return PointerKind::Host;
+  return PointerKind::Unknown;
+}
+
+PointerKind HipBackend::pointer_kind(const void* ptr) const {
+  const Api* api = Api::get();
+  if (!api || !ptr || !usable(nullptr)) return PointerKind::Unknown;
+  PointerAttributes a{};
+  hipError_t e = api->hipPointerGetAttributes(&a, ptr);
+  if (e != kHipSuccess) {
+    // ROCm 5 reports plain (unregistered) host memory as an error; clear it, it is no failure.
+    api->hipGetLastError();
+    return PointerKind::Host;
+  }
+  if (a.is_managed) return PointerKind::Device;
+  return pointer_kind_from(a.memory_type, hip_runtime_version(*api));
+}
+
+size_t HipBackend::max_shared_memory(int device) const {
+  const Api& api = Api::require();
+  int v = 0;
+  SMLA_HIP_CHECK(api, hipDeviceGetAttribute(&v, kAttrMaxSharedMemoryPerBlock, device));
+  return static_cast<size_t>(v);
+}
+
+void HipBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {
+  const Api& api = Api::require();
+  SMLA_HIP_CHECK(api, hipStreamSynchronize(static_cast<hipStream_t>(stream)));
+  SMLA_HIP_CHECK(api, hipMemcpyDtoH(dst, const_cast<void*>(src), bytes));
+}
+
+}  // namespace smla::hip

@@ -1,0 +1,45 @@
+// hip_backend.hpp: the HIP backend (AMD GPUs): hipModuleLoadData / hipModuleLaunchKernel.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "../backend.hpp"
+#include "smla/smla.hpp"
+#include "hiprtc_compiler.hpp"
+
+namespace smla::hip {
+
+class HipBackend : public Backend {
+ public:
+  HipBackend();
+  std::string name() const override { return "hip"; }
+  /// False, with one message, without ROCm or without an AMD GPU. Never throws.
+  bool usable(std::string* why) const override;
+  int device_count() const override;
+  /// gcnArchName, e.g. "gfx950:sramecc+:xnack-".
+  std::string target(int device) const override;
+  const RtcCompiler* compiler() const override { return &compiler_; }
+  std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
+                                     int device) override;
+  /// Passes SmlaParams by value as the kernel's one argument, with `pass` from the spec.
+  void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
+  PointerKind pointer_kind(const void* ptr) const override;
+  size_t max_shared_memory(int device) const override;
+  /// Synchronizes `stream`, then copies device -> host.
+  void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
+
+ private:
+  struct Probe {
+    bool usable = false;
+    int devices = 0;
+    std::string why;
+  };
+  static const Probe& probe();  // hipInit + device count, once per process
+  HipRtcCompiler compiler_;
+};
+
+/// The pointer-kind decision, apart for tests: `memory_type` as reported by a runtime of
+/// HIP_VERSION `runtime_version` (the hipMemoryType enum was renumbered in ROCm 6.0).
+PointerKind pointer_kind_from(int memory_type, int runtime_version);
+
+}  // namespace smla::hip

@@ -1,0 +1,39 @@
+// hip_subprocess.hpp: helper processes for hipRTC (spawn, wait, temp dirs). POSIX only.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace smla::hip {
+
+struct ChildStatus {
+  bool started = false;
+  bool exited = false;  // normal exit (then `code`), else killed by `signal`
+  int code = -1;
+  int signal = 0;
+  double seconds = 0;
+  std::string spawn_error;
+  /// "exit status 2", "killed by signal 6 (Aborted)", "could not start: ...".
+  std::string describe() const;
+};
+
+/// Runs each argv (argv[0] is the executable path) with at most `jobs` at once; waits for its
+/// own children only (never waitpid(-1), which would reap the host application's children).
+/// When `output_files` is given, child i's stdout and stderr go to output_files[i] (hipRTC and
+/// LLVM print their fatal errors there).
+std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
+                                      const std::vector<std::string>& output_files = {});
+
+/// A fresh directory under $TMPDIR, removed with its content on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace smla::hip

@@ -1,0 +1,321 @@
+// hiprtc_compiler.cpp: see hiprtc_compiler.hpp.
+#include "hiprtc_compiler.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "amdgpu_elf.hpp"
+#include "hip_api.hpp"
+#include "hip_subprocess.hpp"
+
+namespace smla::hip {
+namespace fs = std::filesystem;
+
+namespace {
+
+// comgr's locks are process-wide, so one mutex covers every compiler object.
+std::mutex& compile_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+const char* const kProbeSource =
+    "extern \"C\" __global__ void smla_probe(int* p) { if (p) p[threadIdx.x] = 1; }\n";
+
+struct Program {  // RAII hiprtcProgram: destroyed on every path, errors included
+  const Api& api;
+  hiprtcProgram p = nullptr;
+  explicit Program(const Api& a) : api(a) {}
+  ~Program() {
+    if (p) api.hiprtcDestroyProgram(&p);
+  }
+};
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+struct ProbeCache {
+  std::mutex m;
+  std::map<std::string, std::pair<bool, std::string>> known;  // target -> (known, why)
+  std::vector<uint8_t> any_binary;                            // a probe's code object
+};
+ProbeCache& probes() {
+  static ProbeCache c;
+  return c;
+}
+
+CompileResult compile_locked(const Api& api, const RenderedSource& src, const std::string& target,
+                             const std::vector<std::string>& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<const char*> hdr_text, hdr_name;
+  for (const auto& h : src.headers) {
+    hdr_name.push_back(h.first.c_str());
+    hdr_text.push_back(h.second.c_str());
+  }
+  Program prog(api);
+  SMLA_HIPRTC_CHECK(api, hiprtcCreateProgram(&prog.p, src.text.c_str(), src.name.c_str(),
+                                             static_cast<int>(hdr_text.size()), hdr_text.data(),
+                                             hdr_name.data()));
+  std::vector<const char*> argv;
+  for (const auto& o : opts) argv.push_back(o.c_str());
+  hiprtcResult rc = api.hiprtcCompileProgram(prog.p, static_cast<int>(argv.size()), argv.data());
+
+  CompileResult out;
+  size_t log_size = 0;
+  if (api.hiprtcGetProgramLogSize(prog.p, &log_size) == kHiprtcSuccess && log_size > 1) {
+    out.log.resize(log_size);
+    if (api.hiprtcGetProgramLog(prog.p, &out.log[0]) != kHiprtcSuccess) out.log.clear();
+    while (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
+  }
+  if (rc != kHiprtcSuccess) {
+    std::string dumped = detail::dump_failed_source(src, target);
+    throw Error(Status::CompileError,
+                "hipRTC failed to compile " + src.name + " for " + target + " (" +
+                    hiprtc_error_text(api, rc) + "); source dumped to " + dumped + "\n" + out.log,
+                __FILE__, __LINE__, "hiprtcCompileProgram");
+  }
+  size_t code_size = 0;
+  SMLA_HIPRTC_CHECK(api, hiprtcGetCodeSize(prog.p, &code_size));
+  out.binary.resize(code_size);
+  SMLA_HIPRTC_CHECK(api, hiprtcGetCode(prog.p, reinterpret_cast<char*>(out.binary.data())));
+  if (code_size == 0)
+    throw Error(Status::CompileError, "hipRTC returned an empty code object for " + src.name, __FILE__,
+                __LINE__, "hiprtcGetCode");
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- targets
+
+std::vector<std::string> hip_known_targets() {
+  // MI355X, MI300X/MI325X, MI250X as their drivers report them.
+  return {"gfx950:sramecc+:xnack-", "gfx942:sramecc+:xnack-", "gfx90a:sramecc+:xnack-"};
+}
+
+std::string hip_default_target() { return hip_known_targets().front(); }
+
+std::string hip_target_processor(const std::string& target_id) {
+  return target_id.substr(0, target_id.find(':'));
+}
+
+bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
+  ProbeCache& c = probes();
+  {
+    std::lock_guard<std::mutex> lk(c.m);
+    auto it = c.known.find(target);
+    if (it != c.known.end()) {
+      if (why) *why = it->second.second;
+      return it->second.first;
+    }
+  }
+  RenderedSource probe{"smla_probe.cpp", kProbeSource, {}};
+  std::vector<HipWorkerResult> r;
+  std::string reason;
+  try {
+    r = hip_compile_in_subprocesses({probe}, target, 1, worker);
+  } catch (const Error& e) {
+    if (why) *why = e.message();
+    return false;  // not cached: a worker may appear later (e.g. a path hint)
+  }
+  bool ok = r[0].ok && read_elf(r[0].result.binary).valid;
+  if (r[0].exit_status == 3 || r[0].exit_status == 4) {  // the worker could not try: no verdict
+    if (why) *why = "the hipRTC probe worker failed: " + r[0].error + " " + r[0].result.log;
+    return false;
+  }
+  if (!ok) reason = "hipRTC cannot compile for " + target + ": " + r[0].error;
+  std::lock_guard<std::mutex> lk(c.m);
+  c.known[target] = {ok, reason};
+  if (ok && c.any_binary.empty()) c.any_binary = r[0].result.binary;
+  if (why) *why = reason;
+  return ok;
+}
+
+// ---------------------------------------------------------------- compiler
+
+HipRtcCompiler::HipRtcCompiler(bool probe_targets, std::string worker)
+    : probe_targets_(probe_targets), worker_(std::move(worker)) {}
+
+bool HipRtcCompiler::available(std::string* why) const { return Api::get(why) != nullptr; }
+
+std::vector<std::string> HipRtcCompiler::options(const std::string& target) const {
+  std::vector<std::string> o = {"--offload-arch=" + target, "-O3", "-std=c++17"};
+  std::sort(o.begin(), o.end());
+  return o;
+}
+
+std::string HipRtcCompiler::identity() const {
+  static std::once_flag once;
+  static std::string id;
+  std::call_once(once, [this] {
+    const Api& api = Api::require();
+    std::ostringstream s;
+    s << "hip-runtime=" << hip_runtime_version(api);
+    size_t major = 0, minor = 0;
+    if (api.amd_comgr_get_version) {
+      api.amd_comgr_get_version(&major, &minor);
+      s << ";comgr=" << major << "." << minor;
+    } else {
+      s << ";comgr=unknown";
+    }
+    // The clang that hipRTC runs stamps its version into .comment of what it produces. Take it
+    // from a probe compiled in a worker; without a worker, compile the probe here for gfx90a,
+    // which every ROCm from 5.0 on knows.
+    std::vector<uint8_t> bin;
+    const std::string fallback = "gfx90a";
+    std::string why;
+    if (hip_target_known(fallback, &why, worker_)) {
+      std::lock_guard<std::mutex> lk(probes().m);
+      bin = probes().any_binary;
+    } else if (why.rfind("hipRTC cannot compile", 0) != 0) {  // no worker: no verdict
+      std::lock_guard<std::mutex> lk(compile_mutex());
+      bin = compile_locked(api, RenderedSource{"smla_probe.cpp", kProbeSource, {}}, fallback,
+                           options(fallback)).binary;
+    }
+    ElfInfo elf = read_elf(bin);
+    s << ";clang=";
+    for (size_t i = 0; i < elf.comments.size(); ++i) s << (i ? "|" : "") << elf.comments[i];
+    id = s.str();
+  });
+  return id;
+}
+
+CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::string& target) const {
+  const Api& api = Api::require();
+  if (probe_targets_) {
+    std::string why;
+    // A probe that could not run (no worker) is no verdict: compile here and accept the risk.
+    bool known = hip_target_known(target, &why, worker_);
+    if (!known && why.rfind("hipRTC cannot compile", 0) == 0)
+      throw Error(Status::CompileError,
+                  why + " (hipRTC of HIP " + hip_version_string(hip_runtime_version(api)) +
+                      "; gfx950 needs ROCm >= 7.0, gfx942 ROCm >= 5.7)",
+                  __FILE__, __LINE__, "hiprtcCompileProgram");
+  }
+  std::lock_guard<std::mutex> lk(compile_mutex());
+  return compile_locked(api, src, target, options(target));
+}
+
+// ---------------------------------------------------------------- subprocesses
+
+std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<RenderedSource>& sources,
+                                                         const std::string& target, int jobs,
+                                                         const std::string& worker) {
+  std::string exe = hip_worker_path(worker);
+  if (exe.empty())
+    throw Error(Status::CompileError,
+                "smla-hiprtc-worker not found (looked next to the executable, next to the smla "
+                "library and in the build tree); build the smla-hiprtc-worker target",
+                __FILE__, __LINE__, "posix_spawn");
+  TempDir dir("smla-hiprtc");
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::string> outputs;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::string base = dir.path() + "/" + std::to_string(i);
+    detail::write_request(base + ".req", sources[i], target);
+    argvs.push_back({exe, base + ".req", base + ".co", base + ".log"});
+    outputs.push_back(base + ".out");
+  }
+  std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs);
+
+  std::vector<HipWorkerResult> out(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::string base = dir.path() + "/" + std::to_string(i);
+    std::vector<uint8_t> log = read_file(base + ".log");
+    out[i].result.log.assign(log.begin(), log.end());
+    out[i].result.seconds = st[i].seconds;
+    out[i].exit_status = st[i].exited ? st[i].code : -1;
+    if (st[i].exited && st[i].code == 0) {
+      out[i].result.binary = read_file(base + ".co");
+      out[i].ok = !out[i].result.binary.empty();
+      if (!out[i].ok) out[i].error = "the worker wrote no code object";
+    } else {
+      out[i].error = st[i].describe();
+      if (st[i].exited && st[i].code == 2) out[i].error += "; " + out[i].result.log;
+      // What the worker printed (an LLVM fatal error, a libc abort) says why it died.
+      std::vector<uint8_t> printed = read_file(base + ".out");
+      std::string text(printed.begin(), printed.end());
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      if (text.size() > 2000) text = "..." + text.substr(text.size() - 2000);
+      if (!text.empty()) out[i].error += "; worker output: " + text;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- files
+
+namespace detail {
+
+// Records are "<decimal length>\n<bytes>", so any byte may appear in a source.
+void write_request(const std::string& path, const RenderedSource& src, const std::string& target) {
+  std::ofstream f(path, std::ios::binary);
+  auto rec = [&](const std::string& s) { f << s.size() << '\n' << s; };
+  rec(target);
+  rec(src.name);
+  rec(src.text);
+  rec(std::to_string(src.headers.size()));
+  for (const auto& h : src.headers) {
+    rec(h.first);
+    rec(h.second);
+  }
+  f.close();
+  if (!f) throw Error(Status::Internal, "cannot write the hipRTC worker request " + path, __FILE__, __LINE__, "write");
+}
+
+bool read_request(const std::string& path, RenderedSource* src, std::string* target) {
+  std::ifstream f(path, std::ios::binary);
+  auto rec = [&](std::string* s) {
+    size_t n = 0;
+    if (!(f >> n) || f.get() != '\n') return false;
+    s->resize(n);
+    return n == 0 || static_cast<bool>(f.read(&(*s)[0], static_cast<std::streamsize>(n)));
+  };
+  std::string count;
+  if (!rec(target) || !rec(&src->name) || !rec(&src->text) || !rec(&count)) return false;
+  size_t n = std::strtoul(count.c_str(), nullptr, 10);
+  src->headers.resize(n);
+  for (auto& h : src->headers)
+    if (!rec(&h.first) || !rec(&h.second)) return false;
+  return true;
+}
+
+std::string dump_failed_source(const RenderedSource& src, const std::string& target) {
+  try {
+    uint64_t h = fnv1a(target, fnv1a(src.text));
+    for (const auto& hd : src.headers) h = fnv1a(hd.second, fnv1a(hd.first, h));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    fs::path dir = fs::temp_directory_path() / "smla-failed";  // honours $TMPDIR
+    fs::create_directories(dir);
+    std::string stem = fs::path(src.name).stem().string();
+    fs::path file = dir / (stem + "-" + hex + ".cpp");
+    std::ofstream(file, std::ios::binary) << src.text;
+    for (const auto& hd : src.headers) {
+      fs::path hp = dir / (stem + "-" + hex + ".headers") / hd.first;
+      fs::create_directories(hp.parent_path());
+      std::ofstream(hp, std::ios::binary) << hd.second;
+    }
+    return file.string();
+  } catch (const std::exception& e) {
+    return std::string("(not dumped: ") + e.what() + ")";  // the log still reaches the user
+  }
+}
+
+}  // namespace detail
+}  // namespace smla::hip

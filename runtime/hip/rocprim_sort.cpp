@@ -1,0 +1,97 @@
+// rocprim_sort.cpp: see rocprim_sort.hpp.
+#include "rocprim_sort.hpp"
+
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+#include "hip_api.hpp"
+
+namespace smla::hip {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kAbi = 1;  // must match SMLA_ROCPRIM_ABI in rocprim_sort.hip
+
+std::vector<std::string> candidates(const std::string& hint) {
+  const char* name = "libsmla_rocprim.so";
+  std::vector<std::string> c;
+  if (!hint.empty()) c.push_back(hint);
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&radix_bits_for), &info) && info.dli_fname) {
+    std::error_code ec;
+    fs::path dir = fs::absolute(info.dli_fname, ec).parent_path();
+    c.push_back((dir / name).string());
+    c.push_back((dir.parent_path() / "lib" / name).string());
+  }
+#ifdef SMLA_ROCPRIM_LIB_DIR
+  c.push_back(std::string(SMLA_ROCPRIM_LIB_DIR) + "/" + name);  // the build tree
+#endif
+  c.push_back(name);  // LD_LIBRARY_PATH and the loader cache
+  return c;
+}
+
+}  // namespace
+
+const RocprimSort* RocprimSort::get(std::string* why, const std::string& path_hint) {
+  static std::mutex m;
+  static RocprimSort loaded;
+  static bool ok = false;
+  static std::string error;
+  std::lock_guard<std::mutex> lk(m);
+  if (!ok) {
+    error.clear();
+    for (const auto& path : candidates(path_hint)) {
+      // Its dependency libamdhip64 must resolve; that is the same copy Api::get() opened.
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        error += std::string(error.empty() ? "" : "; ") + dlerror();
+        continue;
+      }
+      auto abi = reinterpret_cast<int (*)()>(dlsym(h, "smla_rocprim_abi_version"));
+      loaded.temp_bytes_ = reinterpret_cast<decltype(loaded.temp_bytes_)>(dlsym(h, "smla_rocprim_sort_pairs_temp_bytes"));
+      loaded.sort_ = reinterpret_cast<decltype(loaded.sort_)>(dlsym(h, "smla_rocprim_sort_pairs"));
+      if (!abi || abi() != kAbi || !loaded.temp_bytes_ || !loaded.sort_) {
+        error += "; " + path + " is not a matching libsmla_rocprim (ABI " + std::to_string(kAbi) + ")";
+        dlclose(h);
+        continue;
+      }
+      loaded.path_ = path;
+      ok = true;
+      break;
+    }
+  }
+  if (!ok && why) *why = "libsmla_rocprim.so unavailable (build it with hipcc: SMLA_WITH_ROCPRIM): " + error;
+  return ok ? &loaded : nullptr;
+}
+
+size_t RocprimSort::temp_bytes(int n, int begin_bit, int end_bit) const {
+  size_t bytes = 0;
+  int e = temp_bytes_(n, begin_bit, end_bit, &bytes);
+  if (e != 0)
+    throw Error(Status::DriverError, "rocprim::radix_sort_pairs (size query) failed: hipError " + std::to_string(e),
+                __FILE__, __LINE__, "rocprim::radix_sort_pairs");
+  return bytes;
+}
+
+void RocprimSort::sort_pairs(void* temp, size_t temp_bytes, const int* keys_in, int* keys_out,
+                             const int* values_in, int* values_out, int n, int begin_bit, int end_bit,
+                             void* stream) const {
+  int e = sort_(temp, temp_bytes, keys_in, keys_out, values_in, values_out, n, begin_bit, end_bit, stream);
+  if (e != 0) {
+    std::string text = "hipError " + std::to_string(e);
+    if (const Api* api = Api::get()) text = hip_error_text(*api, e);
+    throw Error(Status::DriverError, "rocprim::radix_sort_pairs failed: " + text, __FILE__, __LINE__,
+                "rocprim::radix_sort_pairs");
+  }
+}
+
+int radix_bits_for(int max_key) {
+  int bits = 1;
+  while (bits < 31 && (1 << bits) <= max_key) ++bits;
+  return bits;
+}
+
+}  // namespace smla::hip

@@ -1,0 +1,113 @@
+// Damaged entries: each kind is named by `smla-cache verify` (exit 1), then on load detected,
+// logged with the key's tag, deleted and replaced by a fresh compile, and never served again.
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+enum class Damage { Truncated, BitFlipped, ZeroLength, WrongKey, ManifestGarbage, NoBinary, ForgedDigest };
+
+struct Case {
+  Damage d;
+  const char* name;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class Corruption : public ::testing::TestWithParam<Case> {};
+
+static void damage(Damage d, const std::string& entry, const std::string& other_entry) {
+  std::string bin = entry + "/kernel.bin";
+  std::string b = slurp(bin);
+  auto write = [](const std::string& p, const std::string& s) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+  };
+  switch (d) {
+    case Damage::Truncated: write(bin, b.substr(0, b.size() / 2)); break;
+    case Damage::BitFlipped: b[b.size() / 2] ^= 0x10; write(bin, b); break;
+    case Damage::ZeroLength: write(bin, ""); break;
+    case Damage::WrongKey:  // a complete, self-consistent entry of another key under this name
+      for (const char* f : {"kernel.bin", "manifest.json", "source.txt"})
+        write(entry + "/" + f, slurp(other_entry + "/" + f));
+      break;
+    case Damage::ManifestGarbage: write(entry + "/manifest.json", "\x7f" "ELF garbage {"); break;
+    case Damage::NoBinary: fs::remove(bin); break;
+    case Damage::ForgedDigest: {  // manifest claims this key's digest but describes another kernel
+      std::string m = slurp(entry + "/manifest.json");
+      size_t p = m.find("\"target\": \"sm_90a\"");
+      ASSERT_NE(p, std::string::npos) << m;
+      m.replace(p, 18, "\"target\": \"sm_100\"");
+      write(entry + "/manifest.json", m);
+      break;
+    }
+  }
+}
+
+TEST_P(Corruption, DetectedNamedReplacedLogged) {
+  TempDir t;
+  KeyFields f = fields("smla_dq"), g = fields("smla_dkv");
+  FakeCompiler c;
+  {
+    DiskCache a(settings_for(t));
+    a.get_or_compile(f, c.fn(f));
+    a.get_or_compile(g, c.fn(g));
+  }
+  std::string name = make_key(f).entry_name(), good = make_key(g).entry_name();
+  damage(GetParam().d, t / ("cache/entries/" + name), t / ("cache/entries/" + good));
+
+  auto [rc, out] = run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "cache") + " verify");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("BAD " + name), std::string::npos) << out;
+  EXPECT_EQ(out.find("BAD " + good), std::string::npos) << out;
+
+  LogCapture log;
+  DiskCache b(settings_for(t));
+  c.calls = 0;
+  Fetched r = b.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(r.origin, Origin::Compiled);
+  EXPECT_EQ(r.binary, payload(f));
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_EQ(b.stats().corrupt_replaced, 1);
+  EXPECT_EQ(log.count("corrupt cache entry"), 1) << log.text();
+  EXPECT_NE(log.text().find("[" + make_key(f).tag + "]"), std::string::npos) << log.text();
+  EXPECT_EQ(b.get_or_compile(g, c.fn(g)).origin, Origin::Disk) << "the other entry is untouched";
+
+  // Replaced on disk: verify passes and a fresh process gets a hit, not the damage again.
+  auto [rc2, out2] = run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "cache") + " verify");
+  EXPECT_EQ(rc2, 0) << out2;
+  DiskCache d(settings_for(t));
+  Fetched r2 = d.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(r2.origin, Origin::Disk);
+  EXPECT_EQ(r2.binary, payload(f));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Corruption,
+                         ::testing::Values(Case{Damage::Truncated, "Truncated"},
+                                           Case{Damage::BitFlipped, "BitFlipped"},
+                                           Case{Damage::ZeroLength, "ZeroLength"},
+                                           Case{Damage::WrongKey, "WrongKey"},
+                                           Case{Damage::ManifestGarbage, "ManifestGarbage"},
+                                           Case{Damage::NoBinary, "NoBinary"},
+                                           Case{Damage::ForgedDigest, "ForgedDigest"}),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+// In read-only mode a bad entry cannot be deleted: it is skipped every time, never served.
+TEST(CorruptionReadOnly, SkippedNotServed) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  damage(Damage::BitFlipped, t / ("cache/entries/" + make_key(f).entry_name()), "");
+  Settings s = settings_for(t);
+  s.readonly = true;
+  DiskCache ro(s);
+  EXPECT_FALSE(ro.writable());
+  Fetched r = ro.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(r.origin, Origin::Compiled);
+  EXPECT_EQ(r.binary, payload(f));
+  EXPECT_EQ(ro.get_or_compile(f, c.fn(f)).origin, Origin::Memory);
+  EXPECT_TRUE(fs::exists(t / ("cache/entries/" + make_key(f).entry_name()))) << "read-only: kept";
+}
+
+}  // namespace smla::cache::test

@@ -1,0 +1,208 @@
+// DiskCache in one process: hits across instances, lookup order, in-process deduplication,
+// refused binaries, compile failures, LRU eviction and stale staging cleanup.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+TEST(DiskCache, SecondInstanceCompilesNothing) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c1, c2;
+  {
+    DiskCache a(settings_for(t));
+    ASSERT_TRUE(a.writable());
+    Fetched r = a.get_or_compile(f, c1.fn(f));
+    EXPECT_EQ(r.origin, Origin::Compiled);
+    EXPECT_EQ(r.binary, payload(f));
+    EXPECT_EQ(a.stats().compiles, 1);
+  }
+  // The entry holds binary, source and manifest (with the compiler log).
+  std::string e = t / ("cache/entries/" + make_key(f).entry_name());
+  EXPECT_EQ(slurp(e + "/source.txt"), f.source);
+  EXPECT_NE(slurp(e + "/manifest.json").find("fake compile of smla_dq"), std::string::npos);
+  DiskCache b(settings_for(t));
+  Fetched r = b.get_or_compile(f, c2.fn(f));
+  EXPECT_EQ(r.origin, Origin::Disk);
+  EXPECT_EQ(r.binary, payload(f));
+  EXPECT_EQ(c2.calls, 0);
+  EXPECT_EQ(b.stats().disk_hits, 1);
+  // A changed option is a different kernel.
+  KeyFields g = f;
+  g.options.push_back("-G");
+  EXPECT_EQ(b.get_or_compile(g, c2.fn(g)).origin, Origin::Compiled);
+  EXPECT_EQ(c2.calls, 1);
+}
+
+TEST(DiskCache, ThreadsShareOneCompilePerKey) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.lock = false;  // only the in-process deduplication is under test here
+  DiskCache cache(s);
+  FakeCompiler c;
+  c.sleep_ms = 100;
+  KeyFields f = fields("smla_dq"), g = fields("smla_dkv");
+  std::vector<std::thread> th;
+  std::atomic<int> wrong{0};
+  for (int i = 0; i < 8; ++i)
+    th.emplace_back([&, i] {
+      const KeyFields& x = i % 2 ? f : g;
+      if (cache.get_or_compile(x, c.fn(x)).binary != payload(x)) ++wrong;
+    });
+  for (auto& x : th) x.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(c.calls, 2) << "one compile per key";
+  EXPECT_EQ(cache.stats().disk_hits, 6);
+}
+
+TEST(DiskCache, RefusedBinaryIsDeletedAndRecompiledOnce) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  LogCapture log;
+  DiskCache b(settings_for(t));
+  int asked = 0;
+  auto refuse = [&](const std::vector<uint8_t>&) { ++asked; return false; };
+  Fetched r = b.get_or_compile(f, c.fn(f), refuse);
+  EXPECT_EQ(r.origin, Origin::Compiled);
+  EXPECT_EQ(asked, 1) << "only binaries read from disk are offered to accept()";
+  EXPECT_EQ(c.calls, 2);
+  EXPECT_EQ(b.stats().corrupt_replaced, 1);
+  EXPECT_EQ(log.count("refused"), 1) << log.text();
+  EXPECT_NE(log.text().find(make_key(f).tag), std::string::npos);
+  // The replacement is on disk and accepted next time.
+  DiskCache d(settings_for(t));
+  EXPECT_EQ(d.get_or_compile(f, c.fn(f), [](const std::vector<uint8_t>&) { return true; }).origin,
+            Origin::Disk);
+}
+
+TEST(DiskCache, CompileErrorPropagatesAndPublishesNothing) {
+  TempDir t;
+  DiskCache cache(settings_for(t));
+  KeyFields f = fields("smla_dq");
+  EXPECT_THROW(cache.get_or_compile(f, []() -> CompileOutput { throw std::runtime_error("nvrtc: error"); }),
+               std::runtime_error);
+  EXPECT_TRUE(entry_names(t / "cache").empty());
+  FakeCompiler c;
+  EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).binary, payload(f)) << "the key is not poisoned";
+}
+
+TEST(DiskCache, SystemCacheAfterUserCacheAndNeverWritten) {
+  TempDir t;
+  KeyFields f = fields("smla_dq"), g = fields("smla_dkv");
+  FakeCompiler c;
+  {
+    DiskCache sys(settings_for(t, "system"));
+    sys.get_or_compile(f, c.fn(f));
+    sys.get_or_compile(g, c.fn(g));
+  }
+  // The user cache has its own (different) binary for g: the user copy wins.
+  {
+    DiskCache u(settings_for(t));
+    u.get_or_compile(g, [&] { return CompileOutput{payload(g, 999), ""}; });
+  }
+  Settings s = settings_for(t);
+  s.system_dir = t / "system";
+  DiskCache cache(s);
+  FakeCompiler c2;
+  Fetched rf = cache.get_or_compile(f, c2.fn(f));
+  EXPECT_EQ(rf.origin, Origin::SystemDisk);
+  EXPECT_EQ(rf.binary, payload(f));
+  Fetched rg = cache.get_or_compile(g, c2.fn(g));
+  EXPECT_EQ(rg.origin, Origin::Disk);
+  EXPECT_EQ(rg.binary.size(), 999u);
+  EXPECT_EQ(c2.calls, 0);
+  EXPECT_EQ(entry_names(t / "cache").size(), 1u) << "system hits are not copied";
+  // A refused system binary is skipped, not deleted (the system cache is read-only to us).
+  DiskCache again(s);
+  Fetched r = again.get_or_compile(f, c2.fn(f), [](const std::vector<uint8_t>&) { return false; });
+  EXPECT_EQ(r.origin, Origin::Compiled);
+  EXPECT_EQ(entry_names(t / "system").size(), 2u);
+}
+
+TEST(DiskCache, DisabledKeepsKernelsInMemory) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.disable = true;
+  DiskCache cache(s);
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).origin, Origin::Memory);
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_FALSE(fs::exists(t / "cache"));
+}
+
+// Total bytes of the entries, as the cache counts them.
+static int64_t total_bytes(DiskCache& c) {
+  int64_t n = 0;
+  for (const auto& e : c.list()) n += e.bytes;
+  return n;
+}
+
+TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
+  TempDir t;
+  FakeCompiler c;
+  // Every fake entry has the same size (same-length names and payloads): measure one.
+  int64_t one;
+  {
+    DiskCache probe(settings_for(t, "probe"));
+    KeyFields f = fields("k0");
+    probe.get_or_compile(f, c.fn(f));
+    one = total_bytes(probe);
+  }
+  Settings s = settings_for(t);
+  s.max_bytes = 3 * one + one / 2;  // room for three entries
+  DiskCache cache(s);
+  auto get = [&](int i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    return cache.get_or_compile(f, c.fn(f)).origin;
+  };
+  for (int i = 0; i < 3; ++i) get(i);
+  EXPECT_EQ(get(0), Origin::Disk);  // k0 is now the most recent, k1 the least
+  get(3);
+  auto names = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : cache.list()) v.push_back(e.tag.substr(0, 2));
+    return v;
+  };
+  EXPECT_EQ(names(), (std::vector<std::string>{"k0", "k2", "k3"}));
+  EXPECT_LE(total_bytes(cache), s.max_bytes);
+  EXPECT_EQ(get(2), Origin::Disk);
+  get(4);
+  EXPECT_EQ(names(), (std::vector<std::string>{"k2", "k3", "k4"}));
+  EXPECT_LE(total_bytes(cache), s.max_bytes);
+  EXPECT_EQ(get(1), Origin::Compiled) << "k1 was evicted";
+}
+
+TEST(DiskCache, StaleStagingIsCleanedUp) {
+  TempDir t;
+  Settings s = settings_for(t);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  wait_exit(dead);
+  std::string st = t / "cache/.staging/";
+  fs::create_directories(st);
+  std::string mine_dead = st + "stage." + host + "." + std::to_string(dead) + ".1";
+  std::string mine_alive = st + "stage." + host + "." + std::to_string(::getppid()) + ".2";
+  std::string other_old = st + "stage.otherhost.12.3";
+  std::string other_new = st + "stage.otherhost.12.4";
+  for (auto& d : {mine_dead, mine_alive, other_old, other_new}) {
+    fs::create_directories(d);
+    std::ofstream(d + "/kernel.bin") << "partial";
+  }
+  timespec old[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, other_old.c_str(), old, 0), 0);
+  DiskCache cache(s);
+  EXPECT_FALSE(fs::exists(mine_dead)) << "owner pid is gone";
+  EXPECT_TRUE(fs::exists(mine_alive)) << "owner is alive: may still be publishing";
+  EXPECT_FALSE(fs::exists(other_old)) << "older than SMLA_CACHE_STALE_S";
+  EXPECT_TRUE(fs::exists(other_new));
+}
+
+}  // namespace smla::cache::test

@@ -1,0 +1,131 @@
+// Keys: every input that changes the compiled bytes changes the digest; order-only changes do not.
+// Settings: each environment knob is read into the struct; bad values fall back to defaults.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <set>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+TEST(CacheKey, DigestAndName) {
+  Key k = make_key(fields("smla_dq"));
+  ASSERT_EQ(k.digest.size(), 32u);
+  EXPECT_EQ(k.digest.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(k.tag, "smla_dq-H128-K512-R512");
+  EXPECT_EQ(k.entry_name(), k.tag + "-" + k.digest);
+  EXPECT_EQ(make_key(fields("smla_dq")).digest, k.digest) << "keys must be deterministic";
+}
+
+TEST(CacheKey, EveryInputChangesTheDigest) {
+  const KeyFields base = fields("smla_dq");
+  std::vector<KeyFields> v;
+  auto add = [&](auto mutate) {
+    KeyFields f = base;
+    mutate(f);
+    v.push_back(f);
+  };
+  add([](KeyFields& f) { f.source[f.source.size() / 2] ^= 1; });       // one source byte
+  add([](KeyFields& f) { f.headers[1].second += " "; });                // header content
+  add([](KeyFields& f) { f.headers[1].first = "tile2.h"; });            // header name
+  add([](KeyFields& f) { f.options.push_back("-lineinfo"); });          // an option
+  add([](KeyFields& f) { f.options[0] = "-O2"; });
+  add([](KeyFields& f) { f.target = "sm_90"; });                        // target id
+  add([](KeyFields& f) { f.target = "gfx950:sramecc+:xnack-"; });
+  add([](KeyFields& f) { f.target = "gfx950:sramecc-:xnack-"; });       // feature flags count
+  add([](KeyFields& f) { f.compiler_id = "nvrtc-13.1;cuda-headers-13010"; });
+  add([](KeyFields& f) { f.kernel = "smla_dkv"; });
+  add([](KeyFields& f) { f.shape_tag = "H64-K512-R512"; });
+  // Field boundaries: moving text from one field to the next must not collide.
+  add([](KeyFields& f) { f.options = {"-O3--std=c++17", "-DVARIANT=0"}; });
+  std::set<std::string> seen{make_key(base).digest};
+  for (size_t i = 0; i < v.size(); ++i)
+    EXPECT_TRUE(seen.insert(make_key(v[i]).digest).second) << "mutation " << i << " kept the key";
+}
+
+TEST(CacheKey, OrderOfOptionsAndHeadersDoesNotMatter) {
+  KeyFields a = fields("smla_dq"), b = a;
+  std::reverse(b.options.begin(), b.options.end());
+  std::reverse(b.headers.begin(), b.headers.end());
+  EXPECT_EQ(make_key(a).digest, make_key(b).digest);
+}
+
+TEST(CacheKey, TagIsSanitized) {
+  KeyFields f = fields("../evil kernel");
+  f.shape_tag = "a/b";
+  Key k = make_key(f);
+  EXPECT_EQ(k.tag.find('/'), std::string::npos);
+  EXPECT_EQ(k.tag.find(' '), std::string::npos);
+  EXPECT_NE(k.tag[0], '.');
+}
+
+struct EnvGuard {
+  std::vector<std::string> names;
+  void set(const char* n, const char* v) {
+    names.push_back(n);
+    ::setenv(n, v, 1);
+  }
+  ~EnvGuard() {
+    for (auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+
+TEST(CacheSettings, ReadsEveryKnob) {
+  EnvGuard g;
+  g.set("SMLA_CACHE_DIR", "/x/cache");
+  g.set("SMLA_CACHE_SYSTEM_DIR", "/opt/smla/cache");
+  g.set("SMLA_CACHE_DISABLE", "1");
+  g.set("SMLA_CACHE_READONLY", "yes");
+  g.set("SMLA_CACHE_MAX_BYTES", "512M");
+  g.set("SMLA_CACHE_LOCK", "0");
+  g.set("SMLA_CACHE_LOCK_DIR", "/run/l");
+  g.set("SMLA_CACHE_LOCK_TIMEOUT_S", "2.5");
+  g.set("SMLA_CACHE_STALE_S", "60");
+  g.set("SMLA_CACHE_TEST_FAIL_WRITES", "1");
+  g.set("SMLA_CACHE_TEST_PUBLISH_DELAY_MS", "7");
+  Settings s = settings_from_env();
+  EXPECT_EQ(s.dir, "/x/cache");
+  EXPECT_EQ(s.system_dir, "/opt/smla/cache");
+  EXPECT_TRUE(s.disable);
+  EXPECT_TRUE(s.readonly);
+  EXPECT_EQ(s.max_bytes, int64_t(512) << 20);
+  EXPECT_FALSE(s.lock);
+  EXPECT_EQ(s.lock_dir, "/run/l");
+  EXPECT_DOUBLE_EQ(s.lock_timeout_s, 2.5);
+  EXPECT_EQ(s.stale_staging_s, 60);
+  EXPECT_TRUE(s.test_fail_writes);
+  EXPECT_EQ(s.test_publish_delay_ms, 7);
+}
+
+TEST(CacheSettings, DefaultsAndBadValues) {
+  EnvGuard g;
+  g.set("XDG_CACHE_HOME", "/xdg");
+  g.set("SMLA_CACHE_MAX_BYTES", "lots");
+  g.set("SMLA_CACHE_DISABLE", "maybe");
+  g.set("SMLA_CACHE_LOCK_TIMEOUT_S", "-3");
+  ::unsetenv("SMLA_CACHE_DIR");
+  LogCapture log;
+  Settings s = settings_from_env();
+  Settings d;
+  EXPECT_EQ(s.dir, "/xdg/smla");
+  EXPECT_EQ(s.max_bytes, d.max_bytes);
+  EXPECT_FALSE(s.disable);
+  EXPECT_DOUBLE_EQ(s.lock_timeout_s, d.lock_timeout_s);
+  EXPECT_EQ(log.count("ignoring"), 3) << log.text();
+}
+
+TEST(CacheSettings, ByteSizes) {
+  int64_t v = 0;
+  EXPECT_TRUE(parse_byte_size("1000", &v));
+  EXPECT_EQ(v, 1000);
+  EXPECT_TRUE(parse_byte_size("4G", &v));
+  EXPECT_EQ(v, int64_t(4) << 30);
+  EXPECT_TRUE(parse_byte_size("64KiB", &v));
+  EXPECT_EQ(v, 64 << 10);
+  EXPECT_FALSE(parse_byte_size("4X", &v));
+  EXPECT_FALSE(parse_byte_size("", &v));
+  EXPECT_FALSE(parse_byte_size("-1", &v));
+}
+
+}  // namespace smla::cache::test

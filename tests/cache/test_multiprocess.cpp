@@ -1,0 +1,150 @@
+// Several processes on one cache: ranks starting together, a second process, a lock holder
+// killed mid-compile, a lock timeout, and a process killed in the middle of publishing.
+// Each "rank" is the cache_helper executable (fork/exec), logging its compiles to a file.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+struct Ranks {
+  TempDir t;
+  std::string log = t / "compiles.log";
+  std::vector<std::string> env(const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> e = {"SMLA_CACHE_DIR=" + (t / "cache"), "SMLA_CACHE_LOCK_DIR=" + (t / "locks"),
+                                  "SMLA_CACHE_MAX_BYTES=0"};
+    e.insert(e.end(), extra.begin(), extra.end());
+    return e;
+  }
+  pid_t start(int count, int compile_ms, const std::vector<std::string>& extra = {},
+              const std::string& go = "-", const std::string& marker = "", const std::string& out = "") {
+    std::vector<std::string> argv = {SMLA_CACHE_HELPER, std::to_string(count), std::to_string(compile_ms), log, go};
+    if (!marker.empty()) argv.push_back(marker);
+    return spawn(argv, env(extra), out);
+  }
+  std::map<std::string, int> compiles() const {
+    std::map<std::string, int> m;
+    std::istringstream in(slurp(log));
+    for (std::string line; std::getline(in, line);) ++m[line];
+    return m;
+  }
+  void expect_all_verify(size_t n) {
+    auto [rc, out] = run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "cache") + " verify");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(entry_names(t / "cache").size(), n);
+  }
+};
+
+static void run_eight(Ranks& r, const std::vector<std::string>& extra) {
+  std::string go = r.t / "go";
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 8; ++i)
+    pids.push_back(r.start(3, 150, extra, go, "", r.t / ("out" + std::to_string(i))));
+  std::ofstream(go) << "go";  // release them together
+  for (pid_t p : pids) EXPECT_EQ(wait_exit(p), 0);
+  for (int i = 0; i < 8; ++i) {
+    std::string out = slurp(r.t / ("out" + std::to_string(i)));
+    EXPECT_NE(out.find("publish_failures=0"), std::string::npos) << "rank " << i << ": " << out;
+    EXPECT_EQ(out.find("[warning]"), std::string::npos) << "rank " << i << ": " << out;
+  }
+}
+
+TEST(MultiProcess, EightRanksWithLockCompileEachKernelOnce) {
+  Ranks r;
+  run_eight(r, {});
+  auto m = r.compiles();
+  EXPECT_EQ(m.size(), 3u);
+  for (auto& [k, n] : m) EXPECT_EQ(n, 1) << k << " compiled " << n << " times";
+  r.expect_all_verify(3);
+  EXPECT_EQ(count_dir(r.t / "cache/.staging"), 0u);
+}
+
+// Without the lock every rank may compile, and all but one lose the publish race: that must be
+// a success for each of them, with every entry intact.
+TEST(MultiProcess, EightRanksWithoutLockAllSucceed) {
+  Ranks r;
+  run_eight(r, {"SMLA_CACHE_LOCK=0"});
+  auto m = r.compiles();
+  EXPECT_EQ(m.size(), 3u);
+  for (auto& [k, n] : m) EXPECT_GE(n, 1);
+  r.expect_all_verify(3);
+  EXPECT_EQ(count_dir(r.t / "cache/.staging"), 0u);
+}
+
+TEST(MultiProcess, SecondProcessCompilesNothing) {
+  Ranks r;
+  std::string out1 = r.t / "out1", out2 = r.t / "out2";
+  ASSERT_EQ(wait_exit(r.start(3, 0, {}, "-", "", out1)), 0);
+  ASSERT_EQ(wait_exit(r.start(3, 0, {}, "-", "", out2)), 0);
+  EXPECT_NE(slurp(out1).find("compiles=3 disk=0"), std::string::npos) << slurp(out1);
+  EXPECT_NE(slurp(out2).find("compiles=0 disk=3"), std::string::npos) << slurp(out2);
+  EXPECT_EQ(r.compiles().size(), 3u);
+}
+
+TEST(MultiProcess, KilledLockHolderBlocksNobody) {
+  Ranks r;
+  std::string marker = r.t / "compiling";
+  pid_t holder = r.start(1, 60000, {}, "-", marker);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(marker); }, 20)) << "holder never compiled";
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string out = r.t / "out";
+  EXPECT_EQ(wait_exit(r.start(1, 0, {"SMLA_CACHE_LOCK_TIMEOUT_S=60"}, "-", "", out)), 0);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0) << "waited on a dead holder";
+  EXPECT_NE(slurp(out).find("compiles=1"), std::string::npos) << slurp(out);
+  r.expect_all_verify(1);
+}
+
+TEST(MultiProcess, WaiterGivesUpAfterTimeout) {
+  Ranks r;
+  std::string marker = r.t / "compiling";
+  pid_t holder = r.start(1, 60000, {}, "-", marker);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(marker); }, 20));
+  auto t0 = std::chrono::steady_clock::now();
+  std::string out = r.t / "out";
+  int rc = wait_exit(r.start(1, 0, {"SMLA_CACHE_LOCK_TIMEOUT_S=0.5"}, "-", "", out));
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(holder, SIGKILL);
+  wait_exit(holder);
+  EXPECT_EQ(rc, 0);
+  EXPECT_GE(s, 0.5);
+  EXPECT_LT(s, 10.0);
+  EXPECT_NE(slurp(out).find("waited"), std::string::npos) << slurp(out);
+  EXPECT_NE(slurp(out).find("compiles=1"), std::string::npos) << slurp(out);
+  r.expect_all_verify(1);
+}
+
+TEST(MultiProcess, SigkillMidPublishServesNothingBroken) {
+  Ranks r;
+  // The hook holds the publisher after the binary is staged, before the manifest is written.
+  pid_t p = r.start(1, 0, {"SMLA_CACHE_TEST_PUBLISH_DELAY_MS=60000"});
+  std::string staging = r.t / "cache/.staging";
+  auto staged = [&] {
+    std::error_code ec;
+    for (fs::directory_iterator it(staging, ec), e; !ec && it != e; it.increment(ec))
+      if (fs::exists(it->path() / "kernel.bin")) return true;
+    return false;
+  };
+  ASSERT_TRUE(wait_until(staged, 20)) << "the publisher never staged";
+  ::kill(p, SIGKILL);
+  EXPECT_EQ(wait_exit(p), 128 + SIGKILL);
+  EXPECT_TRUE(entry_names(r.t / "cache").empty()) << "nothing half-published";
+  EXPECT_EQ(count_dir(staging), 1u);
+
+  // The next process cleans the dead publisher's staging and compiles a sound entry.
+  Settings s = settings_for(r.t);
+  DiskCache cache(s);
+  EXPECT_EQ(count_dir(staging), 0u) << "stale staging of a dead pid is removed";
+  KeyFields f = fields("k0");
+  FakeCompiler c;
+  Fetched got = cache.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(got.origin, Origin::Compiled);
+  EXPECT_EQ(got.binary, payload(f));
+  r.expect_all_verify(1);
+}
+
+}  // namespace smla::cache::test

@@ -1,0 +1,124 @@
+// The smla-cache tool, run as a separate process: list, prune, clear, export and import.
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+static std::pair<int, std::string> tool(const std::string& dir, const std::string& args) {
+  return run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + dir + " " + args);
+}
+
+static void populate(const std::string& dir, int n) {
+  Settings s;
+  s.dir = dir;
+  s.lock = false;
+  s.max_bytes = 0;
+  DiskCache c(s);
+  FakeCompiler fc;
+  for (int i = 0; i < n; ++i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    c.get_or_compile(f, fc.fn(f));
+  }
+}
+
+TEST(Tool, ListShowsTagTargetAndSize) {
+  TempDir t;
+  populate(t / "c", 2);
+  auto [rc, out] = tool(t / "c", "list");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("k1-H128-K512-R512"), std::string::npos) << out;
+  EXPECT_NE(out.find("sm_90a"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 entries"), std::string::npos) << out;
+}
+
+TEST(Tool, PruneKeepsNewestAndClearEmpties) {
+  TempDir t;
+  populate(t / "c", 4);  // k3 is the most recently used
+  int64_t one = 0;
+  {
+    Settings s;
+    s.dir = t / "c";
+    s.readonly = true;
+    for (const auto& e : DiskCache(s).list()) one = std::max(one, e.bytes);
+  }
+  auto [rc, out] = tool(t / "c", "prune --max-bytes " + std::to_string(2 * one));
+  EXPECT_EQ(rc, 0) << out;
+  auto names = entry_names(t / "c");
+  ASSERT_EQ(names.size(), 2u) << out;
+  EXPECT_EQ(names[0].substr(0, 3), "k2-");
+  EXPECT_EQ(names[1].substr(0, 3), "k3-");
+  EXPECT_NE(tool(t / "c", "prune --max-bytes 12Q").first, 0) << "a malformed size is an error";
+  auto [rc2, out2] = tool(t / "c", "clear");
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_TRUE(entry_names(t / "c").empty());
+}
+
+TEST(Tool, ExportImportRoundTrip) {
+  TempDir t;
+  populate(t / "a", 3);
+  std::string bundle = t / "b.smlacb";
+  auto [rc, out] = tool(t / "a", "export " + bundle);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("exported: 3"), std::string::npos) << out;
+  auto [rc2, out2] = tool(t / "fresh/dir", "import " + bundle);
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(entry_names(t / "fresh/dir"), entry_names(t / "a"));
+  // Imported entries are real hits for another process.
+  Settings s;
+  s.dir = t / "fresh/dir";
+  s.lock = false;
+  DiskCache c(s);
+  FakeCompiler fc;
+  for (int i = 0; i < 3; ++i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    Fetched r = c.get_or_compile(f, fc.fn(f));
+    EXPECT_EQ(r.origin, Origin::Disk);
+    EXPECT_EQ(r.binary, payload(f));
+  }
+  EXPECT_EQ(fc.calls, 0);
+  // Importing again is harmless.
+  EXPECT_EQ(tool(t / "fresh/dir", "import " + bundle).first, 0);
+}
+
+TEST(Tool, ImportVerifiesEachEntry) {
+  TempDir t;
+  populate(t / "a", 3);
+  std::string bundle = t / "b.smlacb";
+  ASSERT_EQ(tool(t / "a", "export " + bundle).first, 0);
+  // Flip a byte inside k1's binary in the bundle (its payload starts with a findable marker).
+  std::string b = slurp(bundle);
+  size_t p = b.find("PAYLOAD:k1:");
+  ASSERT_NE(p, std::string::npos);
+  b[p + 100] ^= 0x01;
+  std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b;
+  auto [rc, out] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find(make_key(fields("k1")).entry_name()), std::string::npos) << out;
+  EXPECT_NE(out.find("checksum"), std::string::npos) << out;
+  auto names = entry_names(t / "dst");
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].substr(0, 3), "k0-");
+  EXPECT_EQ(names[1].substr(0, 3), "k2-");
+  EXPECT_EQ(tool(t / "dst", "verify").first, 0);
+  EXPECT_EQ(count_dir(t / "dst/.staging"), 0u);
+}
+
+TEST(Tool, TruncatedOrForeignBundleFails) {
+  TempDir t;
+  populate(t / "a", 2);
+  std::string bundle = t / "b.smlacb";
+  ASSERT_EQ(tool(t / "a", "export " + bundle).first, 0);
+  std::string b = slurp(bundle);
+  std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b.substr(0, b.size() - 700);
+  auto [rc, out] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("truncated"), std::string::npos) << out;
+  EXPECT_EQ(tool(t / "dst", "verify").first, 0) << "whatever was imported is sound";
+  std::ofstream(t / "junk") << "hello";
+  auto [rc2, out2] = tool(t / "dst", "import " + (t / "junk"));
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(out2.find("not an smla-cache bundle"), std::string::npos) << out2;
+}
+
+}  // namespace smla::cache::test

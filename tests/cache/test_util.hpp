@@ -1,0 +1,190 @@
+// test_util.hpp: fake kernels, temp dirs, log capture and subprocess helpers for the cache tests.
+// No GPU: "binaries" are deterministic byte strings derived from the key fields.
+#pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "kernel_cache.hpp"
+
+namespace smla::cache::test {
+
+namespace fs = std::filesystem;
+
+inline KeyFields fields(const std::string& kernel, int variant = 0) {
+  KeyFields f;
+  f.kernel = kernel;
+  f.shape_tag = "H128-K512-R" + std::to_string(512 + variant);
+  f.source = "#include \"smla_params.h\"\nextern \"C\" __global__ void " + kernel + "() { /* v" +
+             std::to_string(variant) + " */ }\n";
+  f.headers = {{"smla_params.h", "struct Params { int h; };\n"}, {"tile.h", "#define TILE 64\n"}};
+  f.options = {"-O3", "--std=c++17", "-DVARIANT=" + std::to_string(variant)};
+  f.target = "sm_90a";
+  f.compiler_id = "nvrtc-13.0;cuda-headers-13000";
+  return f;
+}
+
+/// The fake compiler's output: begins with a findable marker, then bytes derived from the source.
+inline std::vector<uint8_t> payload(const KeyFields& f, size_t n = 2048) {
+  std::string head = "PAYLOAD:" + f.kernel + ":" + f.shape_tag + ":";
+  std::vector<uint8_t> b(head.begin(), head.end());
+  uint32_t x = uint32_t(f.source.size() * 2654435761u);
+  for (char c : f.source) x = x * 31 + uint8_t(c);
+  while (b.size() < n) {
+    x = x * 1103515245u + 12345u;
+    b.push_back(uint8_t(x >> 16));
+  }
+  return b;
+}
+
+/// A fake compile that counts its calls.
+struct FakeCompiler {
+  std::atomic<int> calls{0};
+  int sleep_ms = 0;
+  std::function<CompileOutput()> fn(const KeyFields& f) {
+    return [this, f] {
+      ++calls;
+      if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      return CompileOutput{payload(f), "ptxas info: fake compile of " + f.kernel};
+    };
+  }
+};
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/smla-cache-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& s) const { return path + "/" + s; }
+};
+
+/// Settings for a test: its own cache dir and lock dir, no size bound, no environment.
+inline Settings settings_for(const TempDir& t, const std::string& sub = "cache") {
+  Settings s;
+  s.dir = t / sub;
+  s.lock_dir = t / "locks";
+  s.max_bytes = 0;
+  s.lock_timeout_s = 30;
+  return s;
+}
+
+/// Captures everything logged through spdlog's default logger while alive.
+struct LogCapture {
+  std::ostringstream out;
+  std::shared_ptr<spdlog::logger> old;
+  LogCapture() {
+    old = spdlog::default_logger();
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+    auto l = std::make_shared<spdlog::logger>("capture", sink);
+    l->set_level(spdlog::level::debug);
+    spdlog::set_default_logger(l);
+  }
+  ~LogCapture() { spdlog::set_default_logger(old); }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out.str();
+  }
+  int count(const std::string& needle) {
+    std::string t = text();
+    int n = 0;
+    for (size_t p = t.find(needle); p != std::string::npos; p = t.find(needle, p + 1)) ++n;
+    return n;
+  }
+};
+
+inline std::vector<std::string> entry_names(const std::string& cache_dir) {
+  std::vector<std::string> v;
+  std::error_code ec;
+  for (fs::directory_iterator it(cache_dir + "/entries", ec), e; !ec && it != e; it.increment(ec))
+    v.push_back(it->path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+inline size_t count_dir(const std::string& d) {
+  std::error_code ec;
+  size_t n = 0;
+  for (fs::directory_iterator it(d, ec), e; !ec && it != e; it.increment(ec)) ++n;
+  return n;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// Starts `argv` with extra "NAME=value" environment entries; returns the pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                   const std::string& stdout_file = "") {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    if (!stdout_file.empty()) {
+      int fd = ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+    }
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// Exit code of a child, or 128+signal.
+inline int wait_exit(pid_t pid) {
+  int st = 0;
+  if (::waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Runs a shell command, returns (exit code, stdout+stderr).
+inline std::pair<int, std::string> run_cmd(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = p ? ::pclose(p) : -1;
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+template <class Pred>
+bool wait_until(Pred p, double timeout_s) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    if (p()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return p();
+}
+
+}  // namespace smla::cache::test

@@ -1,0 +1,73 @@
+// hip_test_util.hpp: shared helpers of the HIP tests (sources, files, a shell-out).
+#pragma once
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "runtime/backend.hpp"
+#include "runtime/hip/hip_api.hpp"
+
+/// Skips the calling test (GTEST_SKIP returns from the test body, so this must be a macro).
+#define SMLA_REQUIRE_HIPRTC()                                                                   \
+  do {                                                                                          \
+    std::string smla_why_;                                                                      \
+    if (!::smla::hip::Api::get(&smla_why_)) GTEST_SKIP() << "hipRTC not installed here: " << smla_why_; \
+  } while (0)
+
+namespace smla::hip::test {
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// A kernel that takes SmlaParams by value (its header passed by name, as the runtime does) and
+/// issues one bf16 MFMA, present on gfx90a, gfx942 and gfx950.
+inline RenderedSource mfma_source(const std::string& entry) {
+  RenderedSource s;
+  s.name = entry + ".hip";
+  s.headers = {{"smla_params.h", read_text(SMLA_SOURCE_DIR "/kernel_src/smla_params.h")}};
+  s.text = R"(#include "smla_params.h"
+typedef short smla_bf16x4 __attribute__((ext_vector_type(4)));
+typedef float smla_f32x16 __attribute__((ext_vector_type(16)));
+extern "C" __global__ void )" + entry + R"((SmlaParams p) {
+  int lane = threadIdx.x;
+  smla_bf16x4 a, b;
+  for (int i = 0; i < 4; ++i) {
+    a[i] = (short)p.q[lane * 4 + i];
+    b[i] = (short)p.kv[lane * 4 + i];
+  }
+  smla_f32x16 acc = {};
+  acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a, b, acc, 0, 0, 0);
+  for (int i = 0; i < 16; ++i) p.dkv_acc[lane * 16 + i] = acc[i] * p.scale;
+}
+)";
+  return s;
+}
+
+/// Runs a shell command, returns its stdout and exit status.
+inline std::string run_command(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    *status = -1;
+    return out;
+  }
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  *status = pclose(p);
+  return out;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& s) {
+  for (const auto& x : v)
+    if (x == s) return true;
+  return false;
+}
+
+}  // namespace smla::hip::test

@@ -1,0 +1,97 @@
+// hiprtc_worker_test.cpp: parallel warm-up through smla-hiprtc-worker subprocesses.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "hip_test_util.hpp"
+#include "runtime/hip/amdgpu_elf.hpp"
+#include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hiprtc_compiler.hpp"
+
+namespace smla::hip {
+namespace {
+
+TEST(HipRtcWorker, IsFound) {
+  EXPECT_EQ(hip_worker_path(SMLA_HIPRTC_WORKER_PATH), SMLA_HIPRTC_WORKER_PATH);
+  EXPECT_EQ(hip_worker_path("/nonexistent/smla-hiprtc-worker"), "");
+}
+
+TEST(HipRtcWorker, CompilesManySourcesInParallel) {
+  SMLA_REQUIRE_HIPRTC();
+  const int n = 5;
+  std::vector<RenderedSource> srcs;
+  for (int i = 0; i < n; ++i) srcs.push_back(test::mfma_source("smla_worker_k" + std::to_string(i)));
+  auto results = hip_compile_in_subprocesses(srcs, "gfx90a", 3, SMLA_HIPRTC_WORKER_PATH);
+  ASSERT_EQ(results.size(), srcs.size());
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(results[i].ok) << results[i].error;
+    ElfInfo elf = read_elf(results[i].result.binary);
+    ASSERT_TRUE(elf.valid) << elf.error;
+    EXPECT_EQ(elf.machine, kEmAmdgpu);
+    // Each result is its own source's object, in input order.
+    std::string entry = "smla_worker_k" + std::to_string(i);
+    EXPECT_TRUE(test::contains(elf.symbols, entry));
+    for (int j = 0; j < n; ++j) {
+      if (j == i) continue;
+      EXPECT_FALSE(test::contains(elf.symbols, "smla_worker_k" + std::to_string(j)));
+    }
+  }
+  // Same bytes as an in-process compile: the worker is the same compiler, only elsewhere.
+  CompileResult here = HipRtcCompiler(true, SMLA_HIPRTC_WORKER_PATH).compile(srcs[0], "gfx90a");
+  EXPECT_EQ(here.binary, results[0].result.binary);
+}
+
+TEST(HipRtcWorker, ReportsFailuresPerSource) {
+  SMLA_REQUIRE_HIPRTC();
+  std::vector<RenderedSource> srcs = {
+      test::mfma_source("smla_worker_ok"),
+      {"smla_worker_bad.hip", "extern \"C\" __global__ void k() { undeclared_thing(); }\n", {}}};
+  auto r = hip_compile_in_subprocesses(srcs, "gfx90a", 2, SMLA_HIPRTC_WORKER_PATH);
+  EXPECT_TRUE(r[0].ok) << r[0].error;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].error.find("exit status 2"), std::string::npos) << r[1].error;
+  EXPECT_NE(r[1].result.log.find("undeclared_thing"), std::string::npos) << r[1].result.log;
+  EXPECT_NE(r[1].result.log.find("source dumped to"), std::string::npos) << r[1].result.log;
+}
+
+TEST(HipRtcWorker, AWorkerCrashDoesNotTakeThisProcessDown) {
+  SMLA_REQUIRE_HIPRTC();
+  // gfx908 has no bf16_1k MFMA: ROCm 5.2's hipRTC aborts on it (LLVM "Cannot select"); newer
+  // ones report an error. Either way only the worker fails.
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_worker_gfx908")}, "gfx908", 1,
+                                       SMLA_HIPRTC_WORKER_PATH);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_FALSE(r[0].error.empty());
+  if (r[0].error.find("signal") != std::string::npos) {  // then what it printed is in the error
+    EXPECT_NE(r[0].error.find("worker output: "), std::string::npos) << r[0].error;
+  }
+  std::cout << "[ note ] gfx908 + bf16_1k MFMA: " << r[0].error.substr(0, 200) << "\n";
+}
+
+TEST(HipRtcWorker, MissingWorkerIsAClearError) {
+  try {
+    hip_compile_in_subprocesses({test::mfma_source("x")}, "gfx90a", 1, "/nonexistent/smla-hiprtc-worker");
+    FAIL() << "no error without a worker";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("smla-hiprtc-worker"), std::string::npos);
+  }
+}
+
+TEST(HipRtcWorker, RequestRoundTrip) {
+  RenderedSource s{"a.hip", std::string("x\n0\n\0binary", 12), {{"h.h", "3\n"}, {"e.h", ""}}};
+  std::string path = (std::filesystem::temp_directory_path() / "smla-req-test").string();
+  detail::write_request(path, s, "gfx942:sramecc+:xnack-");
+  RenderedSource back;
+  std::string target;
+  ASSERT_TRUE(detail::read_request(path, &back, &target));
+  EXPECT_EQ(target, "gfx942:sramecc+:xnack-");
+  EXPECT_EQ(back.name, s.name);
+  EXPECT_EQ(back.text, s.text);
+  EXPECT_EQ(back.headers, s.headers);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace smla::hip

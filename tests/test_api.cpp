@@ -1,0 +1,237 @@
+// test_api.cpp: the public API's promises: bad input gets a clear error naming the argument and
+// changes nothing; the index check; the C API; plan() reuse; threads; CUDA graphs (on a GPU).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "smla/smla.h"
+#include "tests/e2e_common.hpp"
+
+namespace smla::test {
+namespace {
+
+const Case kSmall{40, 16, 90, 64, 32, true, ref::TopkKind::Uniform};
+
+std::vector<BackendKind> backends_here() {
+  std::vector<BackendKind> b{BackendKind::Cpu};
+  if (cuda_usable()) b.push_back(BackendKind::Cuda);
+  return b;
+}
+
+// Runs `mutate` on a copy of good tensors and expects an error whose text names `what`;
+// the outputs must still hold the poison afterwards (nothing launched).
+void expect_bad_run(BackendKind b, const std::function<void(Tensors&, size_t&)>& mutate, const std::string& what,
+                    Status st = Status::InvalidArgument) {
+  const ref::Inputs in = make_case_inputs(kSmall, 7);
+  const Problem p = make_problem(b, kSmall);
+  auto plan = shared_runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  Tensors t = cr.tensors();
+  size_t ws_size = cr.workspace_size();
+  mutate(t, ws_size);
+  try {
+    plan->run(t, ws, ws_size, cr.stream());
+    ADD_FAILURE() << "run() accepted bad input (" << what << ")";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), st) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+  const tools::Outputs out = cr.read_outputs();
+  for (uint16_t v : out.dq) ASSERT_EQ(v, ref::kPoisonBf16) << "dq was written by a rejected run";
+  for (uint16_t v : out.dkv) ASSERT_EQ(v, ref::kPoisonBf16) << "dkv was written by a rejected run";
+}
+
+TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.q = nullptr; }, "Tensors::q");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.topk = nullptr; }, "Tensors::topk");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.kv = static_cast<const char*>(t.kv) + 2; }, "Tensors::kv");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.attn_sink = nullptr; }, "Tensors::attn_sink");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = 100; }, "q_stride_h");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.topk_stride = 10; }, "topk_stride");
+    expect_bad_run(b, [](Tensors&, size_t& ws) { ws = ws / 2; }, "workspace", Status::WorkspaceTooSmall);
+  }
+}
+
+TEST(Api, HostPointersAreRejectedByTheCudaBackend) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  static std::vector<uint16_t> host_q(size_t(kSmall.T) * kSmall.H * 512);
+  expect_bad_run(BackendKind::Cuda, [](Tensors& t, size_t&) { t.q = host_q.data(); }, "host pointer");
+}
+
+TEST(Api, UnusableBackendIsAClearError) {
+  Problem p = make_problem(BackendKind::Hip, kSmall);
+  try {
+    shared_runtime().plan(p);
+    FAIL() << "planned on the hip backend, which is not usable here";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NoBackend);
+    EXPECT_NE(std::string(e.what()).find("hip"), std::string::npos) << e.what();
+  }
+  if (!cuda_usable()) {
+    p.backend = BackendKind::Cuda;
+    try {
+      shared_runtime().plan(p);
+      FAIL() << "planned on cuda with no driver";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::NoBackend);
+      EXPECT_NE(std::string(e.what()).find("libcuda"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(shared_runtime().resolve(BackendKind::Auto), BackendKind::Cpu);
+  }
+}
+
+TEST(Api, IndexCheckReportsTheFirstBadIndex) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    Case c = kSmall;
+    c.out_of_range = true;
+    const ref::Inputs in = make_case_inputs(c, 11);
+    int64_t count = 0, first = -1;
+    for (size_t i = 0; i < in.topk.size(); ++i) {
+      const int k = in.topk[i];
+      if (k < -1 || k >= c.num_kv) {
+        ++count;
+        if (first < 0) first = int64_t(i);
+      }
+    }
+    ASSERT_GT(count, 0);
+    Problem p = make_problem(b, c);
+    p.check_indices = true;
+    auto plan = shared_runtime().plan(p);
+    tools::CaseRunner cr(p, in);
+    void* ws = cr.workspace(plan->workspace_bytes());
+    cr.poison_outputs();
+    plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+    auto rep = plan->index_report(ws, cr.stream());
+    ASSERT_TRUE(rep.has_value());
+    EXPECT_EQ(rep->count, count);
+    EXPECT_EQ(rep->t, first / c.topk);
+    EXPECT_EQ(rep->r, first % c.topk);
+    EXPECT_EQ(rep->value, in.topk[first]);
+    // The bad slots were treated as empty: results still match the reference.
+    const ref::Grads g = ref::backward(in);
+    const tools::Outputs out = cr.read_outputs();
+    expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+    expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
+
+    // A clean top-k reports nothing.
+    const ref::Inputs clean = make_case_inputs(kSmall, 12);
+    tools::CaseRunner cr2(p, clean);
+    void* ws2 = cr2.workspace(plan->workspace_bytes());
+    plan->run(cr2.tensors(), ws2, cr2.workspace_size(), cr2.stream());
+    EXPECT_FALSE(plan->index_report(ws2, cr2.stream()).has_value());
+  }
+}
+
+TEST(Api, SecondPlanOfTheSameProblemCompilesNothing) {
+  for (BackendKind b : backends_here()) {
+    const Problem p = make_problem(b, kSmall);
+    shared_runtime().plan(p);
+    const auto before = shared_runtime().counters();
+    auto again = shared_runtime().plan(p);
+    const auto after = shared_runtime().counters();
+    EXPECT_EQ(after.compiled, before.compiled) << backend_name(b);
+    EXPECT_EQ(after.disk_hits, before.disk_hits) << backend_name(b);
+    EXPECT_EQ(again->info().compiled, 0);
+  }
+}
+
+TEST(Api, OneRuntimeServesManyThreads) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    std::vector<std::thread> th;
+    std::vector<std::string> errors(4);
+    for (int i = 0; i < 4; ++i) {
+      th.emplace_back([&, i] {
+        try {
+          Case c = kSmall;
+          c.topk = i % 2 ? 64 : 96;
+          c.r_chunk = i % 2 ? 32 : 48;
+          run_and_check(b, c, 100 + i);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    }
+    for (auto& t : th) t.join();
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+  }
+}
+
+TEST(Api, CudaGraphReplayMatchesADirectRun) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): graph capture not run";
+  const Case c{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark};
+  const ref::Inputs in = make_case_inputs(c, 21);
+  const Problem p = make_problem(BackendKind::Cuda, c);
+  auto plan = shared_runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  const tools::Outputs direct = cr.read_outputs();
+
+  const auto& d = cuda::driver();
+  CUstream s = static_cast<CUstream>(cr.stream());
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  SMLA_CU(d.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  SMLA_CU(d.StreamEndCapture(s, &graph));
+  SMLA_CU(d.GraphInstantiate(&exec, graph, 0));
+  cr.poison_outputs();
+  SMLA_CU(d.GraphLaunch(exec, s));
+  SMLA_CU(d.GraphLaunch(exec, s));
+  const tools::Outputs replay = cr.read_outputs();
+  d.GraphExecDestroy(exec);
+  d.GraphDestroy(graph);
+  expect_same_bits(direct, replay);
+  const ref::Grads g = ref::backward(in);
+  expect_bar("dq", ref::compare(g.dq, replay.dq.data(), replay.dq.size()));
+}
+
+TEST(CApi, ReportsStatusAndMessage) {
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = 16, pb.H = 24, pb.num_kv = 32, pb.topk = 64, pb.backend = SMLA_BACKEND_CPU;
+  smla_plan_t* plan = nullptr;
+  EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_UNSUPPORTED);
+  EXPECT_NE(std::string(smla_last_error()).find("H"), std::string::npos) << smla_last_error();
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_EQ(smla_plan_create(rt, nullptr, &plan), SMLA_INVALID_ARGUMENT);
+
+  // A real run through the C API on the CPU backend, checked against the reference.
+  pb.H = 16;
+  pb.has_sink = 1;
+  ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
+  const ref::Inputs in = ref::make_inputs(16, 16, 32, 64, true, 5, ref::TopkKind::Uniform);
+  Problem p = make_problem(BackendKind::Cpu, Case{16, 16, 32, 64, 0, true, ref::TopkKind::Uniform});
+  tools::CaseRunner cr(p, in);
+  const Tensors& t = cr.tensors();
+  smla_tensors_t ct;
+  smla_tensors_init(&ct);
+  ct.q = t.q, ct.kv = t.kv, ct.o = t.o, ct.dout = t.dout, ct.lse = t.lse, ct.topk = t.topk;
+  ct.attn_sink = t.attn_sink, ct.dq = t.dq, ct.dkv = t.dkv, ct.d_sink = t.d_sink;
+  void* ws = cr.workspace(ws_bytes);
+  cr.poison_outputs();
+  EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes - 1, nullptr), SMLA_WORKSPACE_TOO_SMALL);
+  ASSERT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
+  const ref::Grads g = ref::backward(in);
+  const tools::Outputs out = cr.read_outputs();
+  expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+  expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
+  smla_plan_destroy(plan);
+  smla_runtime_destroy(rt);
+}
+
+}  // namespace
+}  // namespace smla::test
