@@ -1,6 +1,5 @@
 // runtime.cpp: smla::Runtime: backends, the in-process kernel cache over the disk cache, and
 // plan() (validate, choose, compile or load, lay out, order).
-#include <spdlog/spdlog.h>
 
 #include <map>
 #include <mutex>
@@ -12,6 +11,8 @@
 #include "cuda/kernels_cuda.hpp"
 #include "hip/hip_backend.hpp"
 #include "env.hpp"
+#include "kernel_key.hpp"
+#include "log.hpp"
 #include "plan_impl.hpp"
 #include "planner.hpp"
 #include "smla/smla.hpp"
@@ -53,28 +54,16 @@ struct Runtime::Impl {
                                            const std::string& target, int device, PlanInfo& info);
 };
 
-namespace {
-std::string shape_tag(const ShapeInfo& s) {
-  return "H" + std::to_string(s.H) + "-K" + std::to_string(s.topk) + "-R" + std::to_string(s.r_chunk);
-}
-}  // namespace
-
 std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
                                                         const std::string& target, int device, PlanInfo& info) {
   const RtcCompiler* rtc = be.compiler();
   if (!rtc) {  // CPU: nothing to compile
     return be.load(spec, {}, device);
   }
-  cache::KeyFields f;
-  RenderedSource src = sources.render(spec, rtc->family());
-  f.kernel = spec.entry;
-  f.shape_tag = shape_tag(s);
-  f.source = src.text;
-  f.headers = src.headers;
-  f.options = rtc->options(target);
-  f.target = target;
-  f.compiler_id = rtc->identity();
-  const std::string mem_key = be.name() + "/" + std::to_string(device) + "/" + cache::make_key(f).digest;
+  // In-process: the loaded function, keyed by everything that selects it, checked before any
+  // rendering or hashing so a repeated plan() costs a map lookup per kernel.
+  const std::string mem_key = be.name() + "|" + target + "|" + std::to_string(device) + "|" + spec.stem + "|" +
+                              defines_tag(spec) + "|" + spec.entry;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = loaded.find(mem_key);
@@ -84,11 +73,14 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
       return it->second;
     }
   }
+  // On disk: one entry per translation unit (all entries of a source share one binary).
+  RenderedSource src;
+  const cache::KeyFields f = kernel_key_fields(spec, sources, *rtc, target, &src);
   std::shared_ptr<LoadedKernel> k;
   auto compile = [&] {
-    spdlog::info("smla: compiling {} [{}] for {}", spec.entry, f.shape_tag, target);
+    log().info("compiling {} [{}] for {}", spec.stem, f.shape_tag, target);
     CompileResult r = rtc->compile(src, target);
-    spdlog::info("smla: compiled {} in {:.2f} s ({} bytes)", spec.entry, r.seconds, r.binary.size());
+    log().info("compiled {} [{}] in {:.2f} s ({} bytes)", spec.stem, f.shape_tag, r.seconds, r.binary.size());
     return cache::CompileOutput{std::move(r.binary), std::move(r.log)};
   };
   auto accept = [&](const std::vector<uint8_t>& bin) {
@@ -96,17 +88,19 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
       k = be.load(spec, bin, device);
       return true;
     } catch (const Error& e) {
-      spdlog::warn("smla: the driver refused the cached binary of {}: {}", spec.entry, e.what());
+      log().warn("the driver refused the cached binary of {}: {}", spec.entry, e.what());
       return false;
     }
   };
-  // Offline (no device) plans never reach here: plan() needs a usable backend.
   cache::Fetched got = disk->get_or_compile(f, compile, accept);
   if (!k) k = be.load(spec, got.binary, device);
   std::lock_guard<std::mutex> lock(mu);
   if (got.origin == cache::Origin::Compiled) {
     ++counters.compiled;
     ++info.compiled;
+  } else if (got.origin == cache::Origin::Memory) {
+    ++counters.memory_hits;
+    ++info.reused_in_process;
   } else {
     ++counters.disk_hits;
     ++info.loaded_from_disk;
@@ -116,8 +110,7 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
 }
 
 Runtime::Runtime(RuntimeOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {
-  static std::once_flag log_once;
-  std::call_once(log_once, [] { spdlog::set_level(spdlog::level::from_str(runtime_env().log_level)); });
+  log();  // registers the "smla" logger (stderr) before the cache looks it up
 }
 
 Runtime::~Runtime() = default;
@@ -191,7 +184,7 @@ std::shared_ptr<const Plan> Runtime::plan(const Problem& p) {
     plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));
     plan->info_.kernels.push_back(st.spec.entry);
   }
-  spdlog::debug("smla: planned {} launches on {} ({}), workspace {} bytes", plan->steps_.size(), be->name(),
+  log().debug("planned {} launches on {} ({}), workspace {} bytes", plan->steps_.size(), be->name(),
                 target, plan->layout_.total);
   return plan;
 }

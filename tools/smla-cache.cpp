@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   s.disable = false;
   s.system_dir.clear();
   s.max_bytes = 0;
+  s.lock = false;  // maintenance never compiles
   bool needs_write = prune->parsed() || clear->parsed() || imp->parsed();
   s.readonly = !needs_write;
   sc::DiskCache cache(s);

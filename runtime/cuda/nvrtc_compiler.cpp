@@ -35,12 +35,16 @@ bool NvrtcCompiler::available(std::string* why) const {
 }
 
 std::string NvrtcCompiler::identity() const {
+  // Read once: the headers and the library do not change under a running process.
+  static const std::string id = [] {
   int maj = 0, min = 0;
   if (nvrtc().ok) nvrtc().Version(&maj, &min);
   const std::string inc = cuda_include_dir();
   return "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
          ";cuda-" + read_define(inc + "/cuda.h", "CUDA_VERSION") +
          ";cccl-" + read_define(inc + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION");
+  }();
+  return id;
 }
 
 std::vector<std::string> NvrtcCompiler::options(const std::string& target) const {

@@ -1,0 +1,8 @@
+// log.hpp: the library's logger: spdlog logger "smla" on stderr (stdout belongs to the caller),
+// level from SMLA_LOG_LEVEL. The disk cache logs through it too.
+#pragma once
+#include <spdlog/spdlog.h>
+
+namespace smla {
+spdlog::logger& log();
+}  // namespace smla
