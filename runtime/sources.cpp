@@ -55,7 +55,8 @@ RenderedSource KernelSources::render(const KernelSpec& spec, const std::string& 
   RenderedSource out;
   out.name = source_file_name(spec.stem, family);
   std::ostringstream tu;
-  tu << "// smla kernel " << spec.entry << " (" << family << "), rendered by the runtime\n";
+  // No entry name here: every entry of one source shares this translation unit (and its binary).
+  tu << "// smla kernel source " << spec.stem << " (" << family << "), rendered by the runtime\n";
   for (const auto& d : spec.defines) tu << "#define " << d.first << " " << d.second << "\n";
   tu << "#line 1 \"" << out.name << "\"\n" << file(out.name);
   out.text = tu.str();

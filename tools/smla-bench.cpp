@@ -104,26 +104,34 @@ int run(const Options& o) {
   j["plan_ms"] = plan_ms, j["plan2_ms"] = plan2_ms, j["compiled"] = info.compiled, j["loaded_from_disk"] = info.loaded_from_disk;
 
   if (o.breakdown) {
-    std::map<std::string, double> phase_ms;
-    std::vector<std::string> order;
-    for (size_t i = 0; i < plan->launch_count(); ++i) {
-      std::vector<double> ts;
-      for (int r = 0; r < std::max(3, repeat / 2); ++r) {
-        if (gpu) {
-          smla::cuda::Event e0, e1;
-          e0.record(static_cast<CUstream>(s));
+    // Each launch timed inside whole runs of the pipeline (events between launches), so phases
+    // that update the workspace in place (the csr scan, chunk carries) see the state they expect.
+    const size_t n = plan->launch_count();
+    std::vector<std::vector<double>> per(n);
+    for (int r = 0; r < std::max(3, repeat / 2); ++r) {
+      if (gpu) {
+        std::vector<std::unique_ptr<smla::cuda::Event>> ev(n + 1);
+        for (auto& e : ev) e = std::make_unique<smla::cuda::Event>();
+        ev[0]->record(static_cast<CUstream>(s));
+        for (size_t i = 0; i < n; ++i) {
           plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-          e1.record(static_cast<CUstream>(s));
-          ts.push_back(e1.since(e0));
-        } else {
+          ev[i + 1]->record(static_cast<CUstream>(s));
+        }
+        for (size_t i = 0; i < n; ++i) per[i].push_back(ev[i + 1]->since(*ev[i]));
+      } else {
+        for (size_t i = 0; i < n; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-          ts.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          per[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         }
       }
+    }
+    std::map<std::string, double> phase_ms;
+    std::vector<std::string> order;
+    for (size_t i = 0; i < n; ++i) {
       const std::string ph = plan->launch_phase(i);
       if (!phase_ms.count(ph)) order.push_back(ph);
-      phase_ms[ph] += median(ts);
+      phase_ms[ph] += median(per[i]);
     }
     double sum = 0;
     for (auto& kv : phase_ms) sum += kv.second;

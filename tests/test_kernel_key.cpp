@@ -1,0 +1,63 @@
+// test_kernel_key.cpp: the cache key of a kernel covers its translation unit and nothing else:
+// entries of one source share a binary; T never enters the key (a new T must not recompile).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "runtime/cuda/kernels_cuda.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/env.hpp"
+#include "runtime/kernel_key.hpp"
+#include "runtime/planner.hpp"
+
+namespace smla {
+namespace {
+
+// The distinct kernels a plan of this T and H compiles (T also changes the chunking).
+std::set<std::string> digests_for(int64_t T, int64_t H) {
+  Problem p;
+  p.T = T, p.H = H, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  KernelSources src;
+  cuda::NvrtcCompiler nvrtc;
+  std::set<std::string> out;
+  for (const Step& st : order_steps(s, cuda_phase_kernels))
+    out.insert(cache::make_key(kernel_key_fields(st.spec, src, nvrtc, "sm_90a", nullptr)).digest);
+  return out;
+}
+
+TEST(KernelKey, EntriesOfOneSourceShareABinary) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512;
+  const ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  const auto csr = cuda_phase_kernels(Phase::Csr, s);
+  ASSERT_GT(csr.size(), 1u);
+  KernelSources src;
+  cuda::NvrtcCompiler nvrtc;
+  const auto first = cache::make_key(kernel_key_fields(csr.front(), src, nvrtc, "sm_90a", nullptr)).digest;
+  for (const auto& k : csr) {
+    EXPECT_EQ(cache::make_key(kernel_key_fields(k, src, nvrtc, "sm_90a", nullptr)).digest, first) << k.entry;
+  }
+}
+
+TEST(KernelKey, ANewTDoesNotChangeAnyKernel) {
+  EXPECT_EQ(digests_for(4096, 128), digests_for(12288, 128));
+  EXPECT_EQ(digests_for(1, 128), digests_for(777, 128));
+  EXPECT_NE(digests_for(4096, 128), digests_for(4096, 64));  // H is compiled in
+}
+
+TEST(KernelKey, TargetAndOptionsAreInTheKey) {
+  Problem p;
+  p.T = 64, p.H = 64, p.num_kv = 100, p.topk = 64;
+  const ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  const KernelSpec dq = cuda_phase_kernels(Phase::Dq, s).front();
+  KernelSources src;
+  cuda::NvrtcCompiler nvrtc;
+  const auto a = cache::make_key(kernel_key_fields(dq, src, nvrtc, "sm_90a", nullptr));
+  const auto b = cache::make_key(kernel_key_fields(dq, src, nvrtc, "sm_80", nullptr));
+  EXPECT_NE(a.digest, b.digest);
+  EXPECT_NE(a.entry_name().find("dq"), std::string::npos) << a.entry_name();  // readable tag first
+}
+
+}  // namespace
+}  // namespace smla
