@@ -150,7 +150,13 @@ Runtime::Counters Runtime::counters() const {
   return impl_->counters;
 }
 
-std::shared_ptr<const Plan> Runtime::plan(const Problem& p) {
+std::shared_ptr<const Plan> Runtime::plan(const Problem& p) { return plan_with(p, nullptr); }
+
+std::shared_ptr<const Plan> Runtime::plan(const Problem& p, const TileConfig& cfg) { return plan_with(p, &cfg); }
+
+std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileConfig* cfg) {
+  Problem p = p_in;
+  if (cfg && cfg->r_chunk) p.r_chunk = cfg->r_chunk;
   validate_problem(p);
   const BackendKind kind = resolve(p.backend);
   Backend* be = impl_->backend(kind);
@@ -168,6 +174,12 @@ std::shared_ptr<const Plan> Runtime::plan(const Problem& p) {
   plan->problem_ = p;
   plan->backend_ = be;
   plan->shape_ = choose_shape(p, runtime_env().interm_budget);
+  if (cfg) {
+    plan->shape_.dq_block_h = cfg->dq_block_h;
+    plan->shape_.dq_block_r = cfg->dq_block_r;
+    plan->shape_.dkv_block_r = cfg->dkv_block_r;
+    plan->shape_.dkv_block_d = cfg->dkv_block_d;
+  }
   if (kind == BackendKind::Cuda) {
     std::string not_ok;
     if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
@@ -179,7 +191,7 @@ std::shared_ptr<const Plan> Runtime::plan(const Problem& p) {
   plan->info_.target = target;
   plan->info_.r_chunk = plan->shape_.r_chunk;
   plan->info_.n_chunks = plan->shape_.n_chunks;
-  plan->info_.config_source = "heuristic";
+  plan->info_.config_source = cfg ? "explicit" : "heuristic";
   for (const Step& st : plan->steps_) {
     plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));
     plan->info_.kernels.push_back(st.spec.entry);

@@ -143,6 +143,17 @@ class Plan {
   virtual std::string launch_phase(size_t i) const = 0;
 };
 
+/// Tile choices of the matrix phases, for autotuning (0 = the planner's default for that field).
+struct TileConfig {
+  int dq_block_h = 0, dq_block_r = 0;
+  int dkv_block_r = 0, dkv_block_d = 0;
+  int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
+  bool operator==(const TileConfig& o) const {
+    return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
+           dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk;
+  }
+};
+
 struct RuntimeOptions {
   /// Directory of kernel sources to use instead of the embedded ones (development).
   std::string kernel_src_dir;
@@ -165,6 +176,8 @@ class Runtime {
   /// Validates the problem, chooses a config and the chunking, compiles or loads the kernels,
   /// lays out the workspace and fixes the phase order. Throws smla::Error.
   std::shared_ptr<const Plan> plan(const Problem& p);
+  /// The same with explicit tile choices (what smla-tune tries); validated like the heuristic ones.
+  std::shared_ptr<const Plan> plan(const Problem& p, const TileConfig& cfg);
   /// Which backends this process can use, and why not.
   std::vector<BackendStatus> backends() const;
   /// The backend `Auto` resolves to here.
@@ -178,6 +191,7 @@ class Runtime {
   struct Impl;
 
  private:
+  std::shared_ptr<const Plan> plan_with(const Problem& p, const TileConfig* cfg);
   std::unique_ptr<Impl> impl_;
 };
 
