@@ -17,7 +17,7 @@ deps:
 	  { echo "the CUDA toolkit (headers, NVRTC) is needed at /usr/local/cuda"; exit 1; }
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard /usr/local/cuda/bin/nvcc),-DCUDAToolkit_ROOT=/usr/local/cuda)
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
