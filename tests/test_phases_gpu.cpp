@@ -1,0 +1,153 @@
+// test_phases_gpu.cpp: each CUDA phase alone. Before every phase the GPU's whole state (workspace
+// and outputs) is copied to the host; the CPU backend's phase (itself checked against the float64
+// reference in test_cpu_phases) runs on that same state; the regions the phase writes must agree:
+// exactly for the integer ones (csr, index report), at the contract's bar for the float ones.
+// Skipped with a message where no CUDA device is usable.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include <random>
+
+#include "runtime/bf16.hpp"
+#include "runtime/plan_impl.hpp"
+#include "tests/e2e_common.hpp"
+
+namespace smla::test {
+namespace {
+
+struct State {
+  std::vector<unsigned char> ws;
+  std::vector<uint16_t> dq, dkv;
+  std::vector<float> d_sink;
+};
+
+// Float regions compared at the bar (bf16 or fp32), integer regions exactly.
+void compare_region(const char* name, bool is_bf16, bool is_int, const unsigned char* gpu, const unsigned char* cpu,
+                    size_t bytes) {
+  if (!bytes) return;
+  if (is_int) {
+    EXPECT_EQ(std::memcmp(gpu, cpu, bytes), 0) << name << " differs from the CPU phase";
+    return;
+  }
+  const size_t n = bytes / (is_bf16 ? 2 : 4);
+  std::vector<double> ref(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (is_bf16) {
+      uint16_t v;
+      std::memcpy(&v, cpu + 2 * i, 2);
+      ref[i] = bf16_to_float(v);
+    } else {
+      float v;
+      std::memcpy(&v, cpu + 4 * i, 4);
+      ref[i] = v;
+    }
+  }
+  const ref::Compare c = is_bf16 ? ref::compare(ref, reinterpret_cast<const uint16_t*>(gpu), n)
+                                  : ref::compare(ref, reinterpret_cast<const float*>(gpu), n);
+  EXPECT_TRUE(c.finite && c.rel_err <= 1e-2 && c.cosine >= 0.9999)
+      << name << ": rel_err " << c.rel_err << " cosine " << c.cosine << " finite " << c.finite;
+}
+
+void check_phases(const Case& c, uint64_t seed) {
+  const ref::Inputs in = make_case_inputs(c, seed);
+  Problem pg = make_problem(BackendKind::Cuda, c);
+  pg.check_indices = true;
+  Problem pc = pg;
+  pc.backend = BackendKind::Cpu;
+  auto gplan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(pg));
+  auto cplan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(pc));
+  ASSERT_TRUE(gplan && cplan);
+  ASSERT_EQ(gplan->workspace_bytes(), cplan->workspace_bytes());
+  const std::vector<float> lse = case_lse(c, in);
+  tools::CaseRunner g(pg, in, &lse), h(pc, in, &lse);
+  void* gws = g.workspace(gplan->workspace_bytes());
+  void* hws = h.workspace(cplan->workspace_bytes());
+  g.poison_outputs();
+  const SmlaParams gbase = gplan->base_params(g.tensors(), gws, g.workspace_size());
+  const SmlaParams hbase = cplan->base_params(h.tensors(), hws, h.workspace_size());
+  const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512, ws = gplan->workspace_bytes();
+
+  auto snapshot = [&]() {
+    State s;
+    s.ws.resize(ws);
+    SMLA_CU(cuda::driver().MemcpyDtoH(s.ws.data(), reinterpret_cast<CUdeviceptr>(gws), ws));
+    const tools::Outputs o = g.read_outputs();
+    s.dq = o.dq, s.dkv = o.dkv, s.d_sink = o.d_sink;
+    return s;
+  };
+  auto load_host = [&](const State& s) {
+    std::memcpy(hws, s.ws.data(), ws);
+    std::memcpy(h.tensors().dq, s.dq.data(), nq * 2);
+    std::memcpy(h.tensors().dkv, s.dkv.data(), nkv * 2);
+    if (c.sink) std::memcpy(h.tensors().d_sink, s.d_sink.data(), size_t(c.H) * 4);
+  };
+
+  // Group the launch lists by (phase, chunk): a CUDA phase may be several launches.
+  auto groups = [](const PlanImpl& p) {
+    std::vector<std::pair<std::string, std::vector<size_t>>> out;
+    for (size_t i = 0; i < p.steps_.size(); ++i) {
+      const std::string key = std::string(phase_name(p.steps_[i].phase)) + "/" + std::to_string(p.steps_[i].chunk);
+      if (out.empty() || out.back().first != key) out.push_back({key, {}});
+      out.back().second.push_back(i);
+    }
+    return out;
+  };
+  const auto gg = groups(*gplan), hg = groups(*cplan);
+  ASSERT_EQ(gg.size(), hg.size());
+  const WorkspaceLayout& L = gplan->layout_;
+  for (size_t k = 0; k < gg.size(); ++k) {
+    SCOPED_TRACE(gg[k].first);
+    ASSERT_EQ(gg[k].first, hg[k].first);
+    const State before = snapshot();
+    load_host(before);
+    for (size_t i : gg[k].second) gplan->launch_step(i, gbase, g.stream());
+    for (size_t i : hg[k].second) cplan->launch_step(i, hbase, nullptr);
+    g.sync();
+    const State after = snapshot();
+    const unsigned char* hw = static_cast<const unsigned char*>(hws);
+    const std::string ph = gg[k].first.substr(0, gg[k].first.find('/'));
+    auto region = [&](const Region& r, bool bf16, bool integer) {
+      compare_region(r.name, bf16, integer, after.ws.data() + r.offset, hw + r.offset, r.bytes);
+    };
+    if (ph == "check_topk") region(L.index_report, false, true);
+    if (ph == "delta") region(L.delta, false, false), region(L.lse_n, false, false);
+    if (ph == "dq") {
+      region(L.ds, true, false), region(L.pm, true, false), region(L.dq_acc, false, false);
+      compare_region("dq", true, false, reinterpret_cast<const unsigned char*>(after.dq.data()),
+                     static_cast<const unsigned char*>(h.tensors().dq), nq * 2);
+    }
+    if (ph == "dkv_interm") region(L.interm, true, false);
+    if (ph == "csr") {
+      region(L.row_ptr, false, true);
+      region(gbase.csr_final ? L.csr_vals1 : L.csr_vals0, false, true);
+    }
+    if (ph == "gather") {
+      region(L.dkv_acc, false, false);
+      compare_region("dkv", true, false, reinterpret_cast<const unsigned char*>(after.dkv.data()),
+                     static_cast<const unsigned char*>(h.tensors().dkv), nkv * 2);
+    }
+    if (ph == "d_sink")
+      compare_region("d_sink", false, false, reinterpret_cast<const unsigned char*>(after.d_sink.data()),
+                     reinterpret_cast<const unsigned char*>(h.tensors().d_sink), size_t(c.H) * 4);
+  }
+}
+
+TEST(PhasesGpu, EachPhaseAloneMatchesTheCheckedCpuPhase) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): per-phase GPU check not run";
+  using K = ref::TopkKind;
+  const std::vector<Case> cases = {
+      {63, 16, 300, 160, 80, true, K::Benchmark, true, true},
+      {257, 64, 700, 512, 128, true, K::Benchmark, false, false, LseKind::FlashMla, true},
+      {40, 128, 90, 640, 0, false, K::Uniform, true, true},
+      {1, 128, 20, 1152, 384, true, K::Uniform},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    check_phases(c, 500 + std::random_device{}() % 100);
+  }
+}
+
+}  // namespace
+}  // namespace smla::test
