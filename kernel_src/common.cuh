@@ -3,16 +3,13 @@
 // Part 1 (host and device): shared-memory layouts of the matrix kernels as constexpr functions,
 // so the host's launch spec (runtime/cuda/kernels_cuda.cpp includes this file without
 // __CUDACC__) and the kernel carve shared memory from one formula.
-// Part 2 (device only): bf16 <-> f32 by bit manipulation, mma.sync / ldmatrix / cp.async in
-// inline PTX, warp reductions. No CUDA toolkit headers: this compiles under NVRTC as is.
+// Part 2 (device only): bf16 <-> f32 by bit manipulation and 32-lane reductions, for CUDA and HIP
+// (portable.h); mma.sync / ldmatrix / cp.async in inline PTX, for CUDA only. No toolkit headers:
+// this compiles under NVRTC and hipRTC as is.
 #ifndef SMLA_COMMON_CUH
 #define SMLA_COMMON_CUH
 
-#if defined(__CUDACC__)
-#define SMLA_HD __host__ __device__
-#else
-#define SMLA_HD
-#endif
+#include "portable.h"  // SMLA_HD, SMLA_DEVICE_CODE, SMLA_SHFL_XOR: CUDA/HIP spellings
 
 // Every bf16 row in shared memory is padded by 8 elements (16 bytes): a row stride of 16*(odd)
 // bytes puts the 8 rows one ldmatrix reads on 8 distinct 16-byte bank groups.
@@ -39,7 +36,7 @@ SMLA_HD constexpr unsigned smla_dkv_smem_bytes(int h, int block_r, int block_d) 
   return smla_dkv_b_bytes(h, block_d) + smla_dkv_a_bytes(h, block_r);
 }
 
-#if defined(__CUDACC__)
+#if defined(SMLA_DEVICE_CODE)  // CUDA and HIP: bf16 conversions, reductions, slot validity
 
 // ---------------------------------------------------------------- bf16 <-> f32
 __device__ __forceinline__ float smla_bf2f(smla_bf16 b) { return __uint_as_float(((unsigned)b) << 16); }
@@ -60,6 +57,7 @@ __device__ __forceinline__ unsigned smla_pack_bf2(float lo, float hi) {
 __device__ __forceinline__ float smla_lo_f(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float smla_hi_f(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
+#if defined(__CUDACC__)  // inline PTX: NVIDIA only (the AMD matrix layer is amd_mfma.h)
 // ---------------------------------------------------------------- shared memory, async copies
 __device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
   unsigned a;
@@ -105,30 +103,32 @@ __device__ __forceinline__ void smla_mma_bf16(float (&d)[4], const unsigned (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#endif  // __CUDACC__ (PTX)
+
 // ---------------------------------------------------------------- reductions (fixed order)
 __device__ __forceinline__ float smla_warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += SMLA_SHFL_XOR(v, o);
   return v;
 }
 __device__ __forceinline__ double smla_warp_sum_d(double v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += SMLA_SHFL_XOR(v, o);
   return v;
 }
 __device__ __forceinline__ int smla_warp_sum_i(int v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += SMLA_SHFL_XOR(v, o);
   return v;
 }
 __device__ __forceinline__ int smla_warp_min_i(int v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = min(v, SMLA_SHFL_XOR(v, o));
   return v;
 }
 
 // An empty slot: anything outside [0, num_kv).
 __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
 
-#endif  // __CUDACC__
+#endif  // SMLA_DEVICE_CODE
 #endif  // SMLA_COMMON_CUH

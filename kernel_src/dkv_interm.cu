@@ -3,7 +3,8 @@
 // Per token this is one product [r_chunk x 2H] x [2H x D] with A = [ds | pm] (rows of the chunk)
 // and B = [q ; dout]. A block owns one token and BLOCK_D columns: B's columns stay in shared
 // memory, and A streams through two buffers of BLOCK_R rows (cp.async, double-buffered). Warps
-// form a WARPS_M x WARPS_N grid over the BLOCK_R x BLOCK_D output tile.
+// form a WARPS_M x WARPS_N grid over the BLOCK_R x BLOCK_D output tile. Grid: T * (D / BLOCK_D)
+// blocks, column block fastest.
 #include "smla_params.h"
 #include "common.cuh"
 
@@ -62,8 +63,10 @@ extern "C" __global__ void __launch_bounds__(DK_THREADS, 1) smla_dkv_interm(Smla
   smla_bf16* sB = reinterpret_cast<smla_bf16*>(smem_u4);  // [2H][BLOCK_D + pad]
   smla_bf16* sA = sB + DK_K * DK_BROW;                     // two buffers [BLOCK_R][2H + pad]
 
-  const int t = blockIdx.x;
-  const int d0 = blockIdx.y * BLOCK_D;
+  // The column blocks of one token are neighbours in launch order, so the second reads the
+  // token's [ds | pm] rows from L2 rather than from device memory.
+  const int t = blockIdx.x / (SMLA_D / BLOCK_D);
+  const int d0 = (blockIdx.x % (SMLA_D / BLOCK_D)) * BLOCK_D;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wm = warp % WARPS_M, wn = warp / WARPS_M;
   const int r_chunk = p.r_chunk;

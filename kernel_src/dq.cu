@@ -5,6 +5,11 @@
 // Warps form an MT x WN grid (MT = BLOCK_H / 16): for S and dP warp (wm, wn) owns heads
 // 16*wm.. and BN = BLOCK_R / WN kv rows; for dQ it owns the same heads and DW = 512 / WN columns,
 // accumulated in registers over the whole chunk. dS goes through shared memory between the two.
+//
+// The dS and P tiles are kept transposed, [BLOCK_R][BLOCK_H + pad] (h fastest, as in the
+// workspace), so each tile leaves for pm/ds in 16-byte pieces; dQ reads dS with ldmatrix.trans.
+// This is not common.cuh's smla_dq_dsp_bytes layout: the host sizes shared memory with
+// dq_smem_bytes() in runtime/cuda/kernels_cuda.cpp (same carve order as below).
 #include "smla_params.h"
 #include "common.cuh"
 
@@ -28,7 +33,7 @@
 #define DQ_BN (BLOCK_R / DQ_WN)       // kv rows of S per warp
 #define DQ_DW (SMLA_D / DQ_WN)        // dQ columns per warp
 #define DQ_ROW (SMLA_D + SMLA_ROW_PAD)  // smem row stride of Q, dO, kv (elements)
-#define DQ_SROW (BLOCK_R + SMLA_ROW_PAD)  // smem row stride of the dS and P tiles
+#define DQ_TROW (BLOCK_H + SMLA_ROW_PAD)  // smem row stride of the transposed dS and P tiles
 
 static_assert(BLOCK_H % 16 == 0 && HEADS % BLOCK_H == 0, "BLOCK_H must be a multiple of 16 dividing HEADS");
 static_assert(NUM_WARPS % DQ_MT == 0, "NUM_WARPS must be a multiple of BLOCK_H / 16");
@@ -62,9 +67,9 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
   smla_bf16* sQ = reinterpret_cast<smla_bf16*>(smem_u4);
   smla_bf16* sDO = sQ + BLOCK_H * DQ_ROW;
   smla_bf16* sKV = sDO + BLOCK_H * DQ_ROW;  // two buffers of BLOCK_R rows
-  smla_bf16* sDS = sKV + 2 * BLOCK_R * DQ_ROW;
-  smla_bf16* sP = sDS + BLOCK_H * DQ_SROW;
-  int* sFlag = reinterpret_cast<int*>(sP + BLOCK_H * DQ_SROW);  // [2][BLOCK_R]
+  smla_bf16* sDS = sKV + 2 * BLOCK_R * DQ_ROW;  // [BLOCK_R][DQ_TROW]
+  smla_bf16* sP = sDS + BLOCK_R * DQ_TROW;        // [BLOCK_R][DQ_TROW]
+  int* sFlag = reinterpret_cast<int*>(sP + BLOCK_R * DQ_TROW);  // [2][BLOCK_R]
 
   const int t = blockIdx.x;
   const int h0 = blockIdx.y * BLOCK_H;
@@ -147,29 +152,32 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
           pv[e] = valid ? pe : 0.f;
           dv[e] = valid ? pe * (dp[j][2 * half + e] - dl) * p.scale : 0.f;
         }
-        const int row = half ? hl_b : hl_a;
-        *reinterpret_cast<unsigned*>(sP + row * DQ_SROW + col) = smla_pack_bf2(pv[0], pv[1]);
-        *reinterpret_cast<unsigned*>(sDS + row * DQ_SROW + col) = smla_pack_bf2(dv[0], dv[1]);
+        const int hl = half ? hl_b : hl_a;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sP[(col + e) * DQ_TROW + hl] = smla_f2bf(pv[e]);
+          sDS[(col + e) * DQ_TROW + hl] = smla_f2bf(dv[e]);
+        }
       }
     }
     __syncthreads();
 
     // ---- this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
-    for (int i = threadIdx.x; i < BLOCK_R * BLOCK_H; i += DQ_THREADS) {
-      const int rl = i / BLOCK_H, hh = i % BLOCK_H;
+    for (int i = threadIdx.x; i < BLOCK_R * (BLOCK_H / 8); i += DQ_THREADS) {
+      const int rl = i / (BLOCK_H / 8), c = i % (BLOCK_H / 8);
       const int rr = tile * BLOCK_R + rl;
       if (rr < r_chunk) {
-        const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + hh;
-        p.pm[o] = sP[hh * DQ_SROW + rl];
-        p.ds[o] = sDS[hh * DQ_SROW + rl];
+        const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
+        *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + rl * DQ_TROW + c * 8);
+        *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + rl * DQ_TROW + c * 8);
       }
     }
 
     // ---- dQ(16 heads x DQ_DW) += dS(16 x BLOCK_R) K(BLOCK_R x DQ_DW).
 #pragma unroll
     for (int kk = 0; kk < BLOCK_R / 16; ++kk) {
-      unsigned a[4];
-      smla_ldsm_x4(a, sDS + (wm * 16 + a_row) * DQ_SROW + kk * 16 + a_col);
+      unsigned a[4];  // dS stored [k = slot][m = head]: the transposed load gives the row-major fragment
+      smla_ldsm_x4_trans(a, sDS + (kk * 16 + bn_row) * DQ_TROW + wm * 16 + bn_col);
 #pragma unroll
       for (int np = 0; np < DQ_DW / 16; ++np) {
         unsigned b[4];

@@ -1,81 +1,67 @@
 // gather.cu: dkv row j = sum of the interm rows of its contributors, in sorted (= slot) order,
 // fp32; then the chunk carry through dkv_acc and the output (bf16 dkv, or fp32 dkv_f32).
-// One warp per kv row; lane l owns columns 8l..8l+7 and 256+8l..: two 16-byte loads per
-// contributor. UNROLL contributors are loaded ahead of their (in-order) additions.
+//
+// The benchmark top-k gives some pool rows thousands of contributors, so the time of the longest
+// row (a chain of dependent load rounds) matters, not only the bytes. One block per kv row; each
+// of its SMLA_D / 4 threads owns 4 columns (one 8-byte load per contributor), and UNROLL
+// contributors are in flight per round while the next round's indices are already loading.
+// Every output element is still summed by one thread in contributor order: bitwise deterministic.
 #include "smla_params.h"
 #include "common.cuh"
 
-#ifndef NUM_WARPS
-#define NUM_WARPS 8
-#endif
 #ifndef UNROLL
-#define UNROLL 4
+#define UNROLL 16
 #endif
+#define GATHER_COLS 4
+#define GATHER_THREADS (SMLA_D / GATHER_COLS)
 
-__device__ __forceinline__ void gather_add(float (&a)[16], const uint4& x0, const uint4& x1) {
-  const unsigned w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    a[2 * e] += smla_lo_f(w[e]);
-    a[2 * e + 1] += smla_hi_f(w[e]);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32) smla_gather(SmlaParams p) {
-  const int lane = threadIdx.x % 32;
-  const int j = blockIdx.x * NUM_WARPS + threadIdx.x / 32;
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS) smla_gather(SmlaParams p) {
+  const int j = blockIdx.x;
   if (j >= p.num_kv) return;
   const int* vals = p.csr_vals[p.csr_final];
   const int beg = p.row_ptr[j], end = p.row_ptr[j + 1];
-  const int c0 = lane * 8, c1 = SMLA_D / 2 + lane * 8;
+  const int d = threadIdx.x * GATHER_COLS;
+  const smla_bf16* base = p.interm + d;
 
-  float a[16];
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+  int idx[UNROLL];
 #pragma unroll
-  for (int e = 0; e < 16; ++e) a[e] = 0.f;
+  for (int u = 0; u < UNROLL; ++u) idx[u] = beg + u < end ? __ldg(vals + beg + u) : 0;
 
-  int i = beg;
-  for (; i + UNROLL <= end; i += UNROLL) {
-    uint4 x[UNROLL][2];
+  for (int i = beg; i < end; i += UNROLL) {
+    uint2 x[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const smla_bf16* row = p.interm + (long long)vals[i + u] * SMLA_D;
-      x[u][0] = *reinterpret_cast<const uint4*>(row + c0);
-      x[u][1] = *reinterpret_cast<const uint4*>(row + c1);
-    }
+    for (int u = 0; u < UNROLL; ++u)
+      if (i + u < end) x[u] = __ldg(reinterpret_cast<const uint2*>(base + (long long)idx[u] * SMLA_D));
+    // the next round's rows, while this round's loads are in flight
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) gather_add(a, x[u][0], x[u][1]);
-  }
-  for (; i < end; ++i) {
-    const smla_bf16* row = p.interm + (long long)vals[i] * SMLA_D;
-    gather_add(a, *reinterpret_cast<const uint4*>(row + c0), *reinterpret_cast<const uint4*>(row + c1));
-  }
-
-  const bool last = p.chunk == p.n_chunks - 1;
+    for (int u = 0; u < UNROLL; ++u) idx[u] = i + UNROLL + u < end ? __ldg(vals + i + UNROLL + u) : 0;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int d = half ? c1 : c0;
-    float* v = a + 8 * half;
-    if (p.n_chunks > 1) {
-      float4* carry = reinterpret_cast<float4*>(p.dkv_acc + (long long)j * SMLA_D + d);
-      if (p.chunk > 0) {
-        const float4 c0v = carry[0], c1v = carry[1];
-        v[0] = c0v.x + v[0]; v[1] = c0v.y + v[1]; v[2] = c0v.z + v[2]; v[3] = c0v.w + v[3];
-        v[4] = c1v.x + v[4]; v[5] = c1v.y + v[5]; v[6] = c1v.z + v[6]; v[7] = c1v.w + v[7];
+    for (int u = 0; u < UNROLL; ++u)
+      if (i + u < end) {  // in contributor order
+        a0 += smla_lo_f(x[u].x);
+        a1 += smla_hi_f(x[u].x);
+        a2 += smla_lo_f(x[u].y);
+        a3 += smla_hi_f(x[u].y);
       }
-      if (!last) {
-        carry[0] = make_float4(v[0], v[1], v[2], v[3]);
-        carry[1] = make_float4(v[4], v[5], v[6], v[7]);
-        continue;
-      }
+  }
+
+  if (p.n_chunks > 1) {
+    float4* carry = reinterpret_cast<float4*>(p.dkv_acc + (long long)j * SMLA_D + d);
+    if (p.chunk > 0) {
+      const float4 c = *carry;
+      a0 = c.x + a0;
+      a1 = c.y + a1;
+      a2 = c.z + a2;
+      a3 = c.w + a3;
     }
-    if (p.dkv_f32 != nullptr) {
-      float4* out = reinterpret_cast<float4*>(p.dkv_f32 + j * p.dkv_s + d);
-      out[0] = make_float4(v[0], v[1], v[2], v[3]);
-      out[1] = make_float4(v[4], v[5], v[6], v[7]);
-    } else {
-      *reinterpret_cast<uint4*>(p.dkv + j * p.dkv_s + d) =
-          make_uint4(smla_pack_bf2(v[0], v[1]), smla_pack_bf2(v[2], v[3]), smla_pack_bf2(v[4], v[5]),
-                     smla_pack_bf2(v[6], v[7]));
+    if (p.chunk != p.n_chunks - 1) {
+      *carry = make_float4(a0, a1, a2, a3);
+      return;
     }
   }
+  if (p.dkv_f32 != nullptr)
+    *reinterpret_cast<float4*>(p.dkv_f32 + j * p.dkv_s + d) = make_float4(a0, a1, a2, a3);
+  else
+    *reinterpret_cast<uint2*>(p.dkv + j * p.dkv_s + d) = make_uint2(smla_pack_bf2(a0, a1), smla_pack_bf2(a2, a3));
 }

@@ -27,6 +27,9 @@ struct ShapeInfo {
   int radix_bits = 8;
   int radix_passes = 1;
   int csr_tiles = 1;
+  /// Temporary storage of a library sort (rocPRIM on AMD) that the csr_hist region must also
+  /// hold; 0 where the sort is our own kernels (CUDA) or there is none (CPU).
+  size_t csr_sort_temp_bytes = 0;
   // tile choices for the matrix phases (0 = the backend's default)
   int dq_block_h = 0, dq_block_r = 0;
   int dkv_block_r = 0, dkv_block_d = 0;

@@ -10,8 +10,11 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels_cuda.hpp"
 #include "hip/hip_backend.hpp"
+#include "hip/kernels_hip.hpp"
+#include "hip/rocprim_sort.hpp"
 #include "env.hpp"
 #include "kernel_key.hpp"
+#include "tuning_db.hpp"
 #include "log.hpp"
 #include "plan_impl.hpp"
 #include "planner.hpp"
@@ -23,6 +26,7 @@ namespace smla {
 struct Runtime::Impl {
   RuntimeOptions opts;
   KernelSources sources;
+  TuningDb tuning;  // tuned tile choices, looked up by plan() when no explicit config is given
   CpuBackend cpu;
   cuda::CudaBackend cuda;
   hip::HipBackend hip;
@@ -34,6 +38,7 @@ struct Runtime::Impl {
   explicit Impl(RuntimeOptions o)
       : opts(std::move(o)),
         sources(!opts.kernel_src_dir.empty() ? opts.kernel_src_dir : runtime_env().kernel_src_dir),
+        tuning(default_tuning_db_path(), tuning_runtime_version(sources)),
         disk(std::make_unique<cache::DiskCache>(cache::settings_from_env())) {}
 
   Backend* backend(BackendKind k) {
@@ -47,6 +52,7 @@ struct Runtime::Impl {
 
   KernelsOf kernels_of(BackendKind k) {
     if (k == BackendKind::Cuda) return cuda_phase_kernels;
+    if (k == BackendKind::Hip) return hip_phase_kernels;
     return cpu_phase_kernels;
   }
 
@@ -57,7 +63,7 @@ struct Runtime::Impl {
 std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
                                                         const std::string& target, int device, PlanInfo& info) {
   const RtcCompiler* rtc = be.compiler();
-  if (!rtc) {  // CPU: nothing to compile
+  if (!rtc || hip_is_library_kernel(spec)) {  // CPU phases, library calls (rocPRIM): nothing to compile
     return be.load(spec, {}, device);
   }
   // In-process: the loaded function, keyed by everything that selects it, checked before any
@@ -170,6 +176,26 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     SMLA_THROW(Status::InvalidArgument, "Problem::device = " + std::to_string(p.device) + ": the " + be->name() +
                                             " backend has " + std::to_string(be->device_count()) + " device(s)");
 
+  // A tuned config from the database, when there is one for this target and problem class and
+  // it still fits the kernels; otherwise the heuristics. An explicit config bypasses the database.
+  TileConfig tuned;
+  bool from_db = false;
+  if (!cfg && be->compiler()) {
+    const size_t budget = runtime_env().interm_budget;
+    if (auto t = impl_->tuning.lookup(be->target(p.device), p, budget)) {
+      std::string no;
+      const ShapeInfo ts = shape_with_config(p, &*t, budget);
+      if (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no)) {
+        tuned = *t;
+        cfg = &tuned;
+        from_db = true;
+        if (tuned.r_chunk && !p.r_chunk) p.r_chunk = tuned.r_chunk;
+      } else {
+        log().warn("tuned config no longer fits the kernels ({}); using the heuristic", no);
+      }
+    }
+  }
+
   auto plan = std::make_shared<PlanImpl>();
   plan->problem_ = p;
   plan->backend_ = be;
@@ -184,6 +210,15 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     std::string not_ok;
     if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
   }
+  if (kind == BackendKind::Hip) {
+    std::string not_ok;
+    if (!hip_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
+    // rocPRIM's sort keeps its temporary storage in the csr_hist region.
+    const hip::RocprimSort* sort = hip::RocprimSort::get(&not_ok);
+    if (!sort) SMLA_THROW(Status::NoBackend, "the AMD csr sort (libsmla_rocprim.so) is not available: " + not_ok);
+    plan->shape_.csr_sort_temp_bytes = sort->temp_bytes(plan->shape_.T * plan->shape_.r_chunk, 0,
+                                                        hip::radix_bits_for(plan->shape_.num_kv));
+  }
   plan->layout_ = layout_workspace(plan->shape_);
   plan->steps_ = order_steps(plan->shape_, impl_->kernels_of(kind));
   const std::string target = be->target(p.device);
@@ -191,7 +226,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->info_.target = target;
   plan->info_.r_chunk = plan->shape_.r_chunk;
   plan->info_.n_chunks = plan->shape_.n_chunks;
-  plan->info_.config_source = cfg ? "explicit" : "heuristic";
+  plan->info_.config_source = from_db ? "tuned" : cfg ? "explicit" : "heuristic";
   for (const Step& st : plan->steps_) {
     plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));
     plan->info_.kernels.push_back(st.spec.entry);

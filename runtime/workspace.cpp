@@ -1,6 +1,7 @@
 // workspace.cpp: named, aligned regions of the workspace.
 #include "workspace.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace smla {
@@ -30,7 +31,7 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   put(w.csr_keys1, items * sizeof(int));
   put(w.csr_vals0, items * sizeof(int));
   put(w.csr_vals1, items * sizeof(int));
-  put(w.csr_hist, (size_t(1) << s.radix_bits) * size_t(s.csr_tiles) * sizeof(int));
+  put(w.csr_hist, std::max((size_t(1) << s.radix_bits) * size_t(s.csr_tiles) * sizeof(int), s.csr_sort_temp_bytes));
   put(w.row_ptr, (KV + 1) * sizeof(int));
   put(w.dkv_acc, s.n_chunks > 1 ? KV * D * sizeof(float) : 0);
   put(w.index_report, 4 * sizeof(int));

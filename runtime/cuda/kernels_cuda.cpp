@@ -46,6 +46,13 @@ Tiles tiles_of(const ShapeInfo& s) {
   return t;
 }
 
+// dq's shared memory: Q, dO and kv as common.cuh lays them out, then the dS and P tiles stored
+// transposed ([BLOCK_R][BLOCK_H + pad], see kernel_src/dq.cu), then the kv row flags.
+unsigned dq_smem_bytes(int block_h, int block_r) {
+  return smla_dq_qdo_bytes(block_h) + smla_dq_kv_bytes(block_r) + 2u * block_r * (block_h + SMLA_ROW_PAD) * 2u +
+         smla_dq_flag_bytes(block_r);
+}
+
 unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 KernelSpec make(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
@@ -83,8 +90,8 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
-  if (smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r) > kMaxSmem)
-    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r)
+  if (dq_smem_bytes(t.dq_block_h, t.dq_block_r) > kMaxSmem)
+    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_bytes(t.dq_block_h, t.dq_block_r)
       << " B of shared memory (max " << kMaxSmem << "); ";
   // dkv_interm: warp tile (BLOCK_R/2) x (BLOCK_D/4), multiples of 16; <= 128 fp32 accumulators per thread.
   if (t.dkv_block_r < 32 || t.dkv_block_r % 32 != 0) e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
@@ -132,7 +139,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
     case Phase::Dq:
       return {make("dq", "smla_dq",
                    {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}},
-                   grid1(s.T, s.H / t.dq_block_h), t.dq_warps * 32, smla_dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
+                   grid1(s.T, s.H / t.dq_block_h), t.dq_warps * 32, dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
     case Phase::DkvInterm:
       return {make("dkv_interm", "smla_dkv_interm",
                    {{"HEADS", s.H},
@@ -140,7 +147,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
                     {"BLOCK_D", t.dkv_block_d},
                     {"NUM_WARPS", t.dkv_warps},
                     {"WARPS_M", t.dkv_warps_m}},
-                   grid1(s.T, SMLA_D / t.dkv_block_d), t.dkv_warps * 32,
+                   grid1(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
                    smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d))};
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
@@ -160,7 +167,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       return v;
     }
     case Phase::Gather:
-      return {make("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid1(ceil_div(s.num_kv, 8)), 8 * 32)};
+      // one block of 128 threads (4 columns each) per kv row; 16 contributors in flight per round
+      return {make("gather", "smla_gather", {{"UNROLL", 16}}, grid1(static_cast<unsigned>(s.num_kv)), SMLA_D / 4)};
     case Phase::DSink:
       return {make("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid1(s.H), kSmallThreads)};
   }

@@ -2,6 +2,8 @@
 #include "hip_backend.hpp"
 
 #include "hip_api.hpp"
+#include "kernels_hip.hpp"
+#include "rocprim_sort.hpp"
 
 namespace smla::hip {
 namespace {
@@ -16,6 +18,15 @@ class HipKernel : public LoadedKernel {
   int device_;
   hipModule_t module_ = nullptr;
   hipFunction_t fn_ = nullptr;
+};
+
+// The csr sort ("@rocprim"): rocPRIM's radix_sort_pairs from libsmla_rocprim.so, no module.
+class RocprimKernel : public LoadedKernel {
+ public:
+  RocprimKernel(const Api& api, int device, const RocprimSort* sort) : api_(api), device_(device), sort_(sort) {}
+  const Api& api_;
+  int device_;
+  const RocprimSort* sort_;
 };
 
 void make_current(const Api& api, int device) {
@@ -76,6 +87,16 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
                                                int device) {
   const Api& api = Api::require();
   make_current(api, device);
+  if (hip_is_library_kernel(spec)) {  // nothing compiled: `binary` is empty
+    std::string why;
+    const RocprimSort* sort = spec.stem == kRocprimStem ? RocprimSort::get(&why) : nullptr;
+    if (!sort)
+      throw Error(Status::Unsupported,
+                  spec.stem == kRocprimStem ? "the csr sort on AMD needs libsmla_rocprim.so: " + why
+                                            : "unknown library kernel " + spec.stem,
+                  __FILE__, __LINE__, "dlopen");
+    return std::make_shared<RocprimKernel>(api, device, sort);
+  }
   auto k = std::make_shared<HipKernel>(api, device);
   SMLA_HIP_CHECK(api, hipModuleLoadData(&k->module_, binary.data()));
   SMLA_HIP_CHECK(api, hipModuleGetFunction(&k->fn_, k->module_, spec.entry.c_str()));
@@ -91,6 +112,18 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
 }
 
 void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
+  if (const auto* rk = dynamic_cast<const RocprimKernel*>(&lk)) {
+    // Stable sort of the chunk's (key, slot) pairs from buffer 1 - csr_final (smla_csr_keys
+    // wrote it) into buffer csr_final, where rowptr and gather read; csr_hist is rocPRIM's
+    // temporary storage, sized by the plan as at least temp_bytes(n, 0, end_bit).
+    make_current(rk->api_, rk->device_);
+    const int n = p.T * p.r_chunk, in = 1 - p.csr_final, out = p.csr_final;
+    const int end_bit = radix_bits_for(p.num_kv);
+    const size_t temp = rk->sort_->temp_bytes(n, 0, end_bit);
+    rk->sort_->sort_pairs(p.csr_hist, temp, p.csr_keys[in], p.csr_keys[out], p.csr_vals[in], p.csr_vals[out], n, 0,
+                          end_bit, stream);
+    return;
+  }
   const auto& k = static_cast<const HipKernel&>(lk);
   const Api& api = k.api_;
   make_current(api, k.device_);

@@ -1,0 +1,156 @@
+// kernels_hip.cpp: which kernel_src/*.hip entries each phase launches on AMD, with which
+// constants and geometry. LDS sizes come from the layout functions in amd_mfma.h, the same ones
+// the kernels carve their LDS with. Launches are sized in 64-lane wavefronts where the kernel is
+// AMD-specific (dq, dkv_interm) and in the CUDA kernels' 32-lane "warps" where the body is
+// shared (delta, gather, check_topk, d_sink: a wavefront runs two of them).
+#include "kernels_hip.hpp"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "../../kernel_src/amd_mfma.h"
+#include "../../kernel_src/smla_params.h"
+#include "smla/smla.hpp"
+
+namespace smla {
+namespace {
+
+constexpr int kSmallThreads = 256;  // block size of the memory-bound kernels
+constexpr int kWave = 64;
+constexpr int kDkvWaves = 4;
+constexpr int kDkvBlockR = 128;     // rows per pass of a dkv_interm block (32 per wavefront)
+
+struct Tiles {
+  int dq_block_h, dq_block_r;
+  int dkv_block_r, dkv_block_d;
+};
+
+// dq keeps Q and dO of 16 heads in each wavefront's registers (~350 VGPRs with AGPRs): at most
+// 4 wavefronts per block, i.e. one per SIMD, so BLOCK_H x BLOCK_R <= 32 x 32.
+Tiles tiles_of(const ShapeInfo& s) {
+  Tiles t{};
+  t.dq_block_h = s.dq_block_h ? s.dq_block_h : (s.H % 32 == 0 ? 32 : 16);
+  t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
+  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : kDkvBlockR;
+  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : (s.H <= 64 ? 128 : 64);
+  return t;
+}
+
+unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+KernelSpec make(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
+                Dim3 grid, unsigned threads, unsigned smem = 0, int pass = 0) {
+  KernelSpec k;
+  k.stem = stem;
+  k.entry = entry;
+  k.defines = std::move(defines);
+  k.grid = grid;
+  k.block.x = threads;
+  k.smem_bytes = smem;
+  k.pass = pass;
+  return k;
+}
+
+Dim3 grid1(unsigned x, unsigned y = 1) {
+  Dim3 g;
+  g.x = std::max(1u, x);
+  g.y = y;
+  return g;
+}
+
+}  // namespace
+
+bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
+  std::ostringstream e;
+  const Tiles t = tiles_of(s);
+  const long long items = static_cast<long long>(s.T) * s.topk;
+  if (s.T < 1 || s.num_kv < 1 || s.topk < 1) e << "T, num_kv and topk must be >= 1; ";
+  if (s.H < 16 || s.H > 128 || s.H % 16 != 0) e << "H = " << s.H << ": the HIP kernels need H a multiple of 16 in [16, 128]; ";
+  if (items >= (1LL << 31)) e << "T * topk = " << items << " must be < 2^31 (int32 slot ids); ";
+  if (static_cast<long long>(s.num_kv) + 1 >= (1LL << 31)) e << "num_kv must be < 2^31 - 1; ";
+  if (s.r_chunk < 1 || s.r_chunk > s.topk) e << "r_chunk = " << s.r_chunk << " must be in [1, topk]; ";
+  // dq
+  if (t.dq_block_h % 16 != 0 || (s.H > 0 && s.H % t.dq_block_h != 0))
+    e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16 dividing H; ";
+  if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
+  if (t.dq_block_h * t.dq_block_r > 32 * 32)
+    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r
+      << " needs more than 4 wavefronts (each holds Q and dO fragments in registers): at most 32x32; ";
+  if (smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r) > kHipDefaultLds)
+    e << "dq tile needs " << smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r) << " B of LDS (max " << kHipDefaultLds << "); ";
+  // dkv_interm
+  if (t.dkv_block_r < 16 * kDkvWaves || t.dkv_block_r % (16 * kDkvWaves) != 0 || t.dkv_block_r > 4 * 16 * kDkvWaves)
+    e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of " << 16 * kDkvWaves << " up to "
+      << 4 * 16 * kDkvWaves << "; ";
+  if (t.dkv_block_d < 16 || t.dkv_block_d % 16 != 0 || SMLA_D % t.dkv_block_d != 0 || t.dkv_block_d > 128)
+    e << "dkv_block_d = " << t.dkv_block_d << " must be a multiple of 16 dividing 512, at most 128; ";
+  if (smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d) > kHipDefaultLds)
+    e << "dkv_interm tile needs " << smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d) << " B of LDS (max " << kHipDefaultLds
+      << "); ";
+  // csr: rocPRIM sorts on bits [0, bits(num_kv)); rowptr reads the result where csr_final says.
+  if (s.radix_passes < 1) e << "radix_passes = " << s.radix_passes << " must be >= 1; ";
+  const std::string msg = e.str();
+  if (why) *why = msg;
+  return msg.empty();
+}
+
+std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
+  std::string why;
+  if (!hip_shape_supported(s, &why))
+    throw Error(Status::Unsupported, "shape not supported by the HIP kernels: " + why, __FILE__, __LINE__,
+                "hip_phase_kernels");
+  const Tiles t = tiles_of(s);
+  const long long rows = static_cast<long long>(s.T) * s.H;
+  const long long items = static_cast<long long>(s.T) * s.r_chunk;
+  switch (phase) {
+    case Phase::CheckTopk: {
+      const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
+      const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
+      return {make("check_topk", "smla_check_topk_init", d, grid1(1), kWave),
+              make("check_topk", "smla_check_topk_scan", d, grid1(blocks), kSmallThreads),
+              make("check_topk", "smla_check_topk_final", d, grid1(1), kWave)};
+    }
+    case Phase::Delta:  // 8 rows of 32 lanes per block: 4 wavefronts
+      return {make("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid1(ceil_div(rows, 8)), 8 * 32)};
+    case Phase::Dq: {
+      const unsigned waves = (t.dq_block_h / 16) * (t.dq_block_r / 16);
+      return {make("dq", "smla_dq", {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}},
+                   grid1(s.T, s.H / t.dq_block_h), waves * kWave, smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r))};
+    }
+    case Phase::DkvInterm:
+      return {make("dkv_interm", "smla_dkv_interm",
+                   {{"HEADS", s.H}, {"BLOCK_D", t.dkv_block_d}, {"BLOCK_R", t.dkv_block_r}, {"NUM_WAVES", kDkvWaves}},
+                   grid1(s.T, SMLA_D / t.dkv_block_d), kDkvWaves * kWave, smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d))};
+    case Phase::Csr: {
+      const std::vector<std::pair<std::string, long long>> d{{"CSR_THREADS", kSmallThreads}};
+      KernelSpec sort;
+      sort.stem = kRocprimStem;
+      sort.entry = "radix_sort_pairs";  // geometry is rocPRIM's own
+      return {make("csr", "smla_csr_keys", d, grid1(ceil_div(items, kSmallThreads)), kSmallThreads), sort,
+              make("csr", "smla_csr_rowptr", d, grid1(ceil_div(items + 1, kSmallThreads)), kSmallThreads)};
+    }
+    case Phase::Gather:
+      return {make("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid1(ceil_div(s.num_kv, 8)), 8 * 32)};
+    case Phase::DSink:
+      return {make("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid1(s.H), kSmallThreads)};
+  }
+  throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "hip_phase_kernels");
+}
+
+std::vector<KernelSpec> hip_all_kernels(const std::vector<ShapeInfo>& shapes) {
+  std::vector<KernelSpec> out;
+  std::set<std::tuple<std::string, std::string, std::vector<std::pair<std::string, long long>>>> seen;
+  for (const ShapeInfo& s : shapes) {
+    std::vector<Phase> phases{Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather};
+    if (s.check_indices) phases.push_back(Phase::CheckTopk);
+    if (s.has_sink) phases.push_back(Phase::DSink);
+    for (Phase ph : phases)
+      for (KernelSpec& k : hip_phase_kernels(ph, s))
+        if (seen.insert({k.stem, k.entry, k.defines}).second) out.push_back(std::move(k));
+  }
+  return out;
+}
+
+}  // namespace smla

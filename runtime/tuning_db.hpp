@@ -1,0 +1,89 @@
+// tuning_db.hpp: the tuning database: the best tile config smla-tune measured per target and
+// problem class, kept apart from the kernel cache (binaries and measurements age differently).
+//
+// One versioned JSON file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else
+// ~/.cache/smla/tuning.json). Writers take an flock on "<file>.lock", re-read the file, merge
+// their entry and publish by rename, so several tuning processes merge instead of clobbering.
+// Readers never lock (a rename is atomic). A corrupt file is ignored with a warning and replaced
+// by the next store.
+//
+// Problem class: target, H, topk, sink, lse convention, dkv_fp32, T and num_kv rounded up to a
+// power of two, and the runtime version (smla version + a digest of the kernel sources), so a
+// new T inside a bucket reuses its tuned config (and its kernels: no T is compiled into a kernel)
+// and a kernel change invalidates old measurements.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "phases.hpp"
+#include "smla/smla.hpp"
+
+namespace smla {
+
+class KernelSources;
+
+/// Layout of the file; a file with another schema is ignored (warning) and rewritten on store.
+constexpr int kTuningSchema = 1;
+
+/// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json.
+std::string default_tuning_db_path();
+
+/// "smla-0.1.0;kernels=<fnv64 of every kernel source file>": measurements are only valid for
+/// the kernels they were taken with.
+std::string tuning_runtime_version(const KernelSources& sources);
+
+/// Smallest power of two >= v (1 for v <= 1): the T and num_kv buckets.
+int64_t pow2_bucket(int64_t v);
+
+/// The problem-class key of `p` on `target` (readable; also the JSON object key).
+std::string tuning_key(const std::string& target, const Problem& p, const std::string& runtime_version);
+
+/// The planner's shape for `p` with `cfg` applied the way Runtime::plan(p, cfg) applies it
+/// (cfg->r_chunk overrides p.r_chunk, then the tile fields). `cfg` may be null (heuristic).
+ShapeInfo shape_with_config(const Problem& p, const TileConfig* cfg, size_t interm_budget_bytes);
+
+struct TuningEntry {
+  TileConfig config;
+  double ms = 0;            ///< the winner, at T_tuned
+  double heuristic_ms = 0;  ///< the planner's heuristic config, same run
+  int64_t T_tuned = 0, num_kv_tuned = 0;
+};
+
+class TuningDb {
+ public:
+  /// `path` empty: default_tuning_db_path(). `runtime_version` empty: that of the embedded sources.
+  explicit TuningDb(std::string path = {}, std::string runtime_version = {});
+
+  /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
+  /// unreadable or corrupt file). When p.r_chunk is set, the caller's r_chunk is kept; a tuned
+  /// r_chunk whose interm buffer would exceed `interm_budget_bytes` at p.T is dropped (0).
+  /// Thread-safe; re-reads the file only when it changed.
+  std::optional<TileConfig> lookup(const std::string& target, const Problem& p,
+                                   size_t interm_budget_bytes = ~size_t(0)) const;
+  /// The stored entry with its timings.
+  std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
+
+  /// Adds or replaces the entry of `p`'s class on `target` (atomic, merged under a file lock).
+  /// Throws smla::Error naming the path when the file cannot be written.
+  void store(const std::string& target, const Problem& p, const TuningEntry& e);
+
+  const std::string& path() const { return path_; }
+  const std::string& runtime_version() const { return version_; }
+  /// Warnings raised so far (corrupt file, other schema, malformed entries); also logged.
+  std::vector<std::string> warnings() const;
+
+ private:
+  void refresh() const;  // under mu_
+  void warn(const std::string& msg) const;
+
+  std::string path_, version_;
+  mutable std::mutex mu_;
+  mutable std::string stamp_;  // identity of the file last parsed (inode, size, mtime)
+  mutable std::vector<std::pair<std::string, TuningEntry>> entries_;
+  mutable std::vector<std::string> warnings_;
+};
+
+}  // namespace smla

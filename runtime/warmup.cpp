@@ -1,0 +1,413 @@
+// warmup.cpp: smla-warmup's engine: plan every problem on every target without a device, key
+// each translation unit exactly as plan() does (kernel_key_fields), dedup, compile into a cache.
+#include "warmup.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "../cache/kernel_cache.hpp"
+#include "check.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/kernels_cuda.hpp"
+#include "cuda/nvrtc_compiler.hpp"
+#include "env.hpp"
+#include "hip/hip_backend.hpp"
+#include "hip/hiprtc_compiler.hpp"
+#include "kernel_key.hpp"
+#include "planner.hpp"
+#include "sources.hpp"
+#include "tuning_db.hpp"
+
+// The AMD kernel table is written separately; until it is in the build, gfx targets report it.
+#if __has_include("hip/kernels_hip.hpp")
+#include "hip/kernels_hip.hpp"
+#define SMLA_WARMUP_HAVE_HIP_KERNELS 1
+#else
+#define SMLA_WARMUP_HAVE_HIP_KERNELS 0
+#endif
+
+namespace smla {
+namespace {
+
+std::string first_line(const std::exception& e) {
+  const auto* se = dynamic_cast<const Error*>(&e);
+  std::string s = se ? se->message() : e.what();
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::string describe(const Problem& p) {
+  std::ostringstream s;
+  s << "T=" << p.T << " H=" << p.H << " num_kv=" << p.num_kv << " topk=" << p.topk;
+  if (p.r_chunk) s << " r_chunk=" << p.r_chunk;
+  if (p.has_sink) s << " sink";
+  return s.str();
+}
+
+// "gfx90a" -> the full target id the device reports ("gfx90a:sramecc+:xnack-"), which is what
+// plan() keys with; a full id is kept as given.
+std::string full_hip_target(const std::string& t) {
+  if (t.find(':') != std::string::npos) return t;
+  for (const std::string& k : hip::hip_known_targets())
+    if (hip::hip_target_processor(k) == t) return k;
+  return t;
+}
+
+struct Job {
+  size_t item;
+  const RtcCompiler* rtc;
+  bool hip;
+  cache::KeyFields fields;
+  RenderedSource src;
+};
+
+// What a family launches per phase; empty when the family has no kernels in this build.
+KernelsOf kernels_of(const std::string& family) {
+  if (family == "cuda") return cuda_phase_kernels;
+#if SMLA_WARMUP_HAVE_HIP_KERNELS
+  if (family == "hip")
+    return [](Phase ph, const ShapeInfo& s) {
+      using namespace hip;  // the table may live in smla or smla::hip
+      return hip_phase_kernels(ph, s);
+    };
+#endif
+  return {};
+}
+
+bool shape_supported(const std::string& family, const ShapeInfo& s, std::string* why) {
+  if (family == "cuda") return cuda_shape_supported(s, why);
+#if SMLA_WARMUP_HAVE_HIP_KERNELS
+  if (family == "hip") return hip_shape_supported(s, why);
+#endif
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> present_targets(std::string* why) {
+  std::vector<std::string> out;
+  std::string wc, wh;
+  cuda::CudaBackend cuda;
+  if (cuda.usable(&wc))
+    for (int d = 0; d < cuda.device_count(); ++d) out.push_back(cuda.target(d));
+  hip::HipBackend hip;
+  if (hip.usable(&wh))
+    for (int d = 0; d < hip.device_count(); ++d) out.push_back(hip.target(d));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (why) *why = out.empty() ? "cuda: " + wc + "; hip: " + wh : "";
+  return out;
+}
+
+std::string target_family(const std::string& t) {
+  if (t.rfind("sm_", 0) == 0) return "cuda";
+  if (t.rfind("gfx", 0) == 0) return "hip";
+  return "";
+}
+
+WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
+                          const WarmupOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
+  WarmupResult res;
+  KernelSources sources(opts.kernel_src_dir);
+  cuda::NvrtcCompiler nvrtc;
+  hip::HipRtcCompiler hiprtc(/*probe_targets=*/true, opts.hip_worker);
+  std::unique_ptr<TuningDb> db;
+  if (opts.use_tuning_db) db = std::make_unique<TuningDb>(opts.tuning_db, tuning_runtime_version(sources));
+  const size_t budget = opts.interm_budget ? opts.interm_budget : runtime_env().interm_budget;
+
+  // ---- plan: every (target, problem) -> steps -> keyed translation units, deduplicated
+  std::vector<Job> jobs;
+  std::map<std::string, size_t> by_entry;
+  for (const std::string& given : targets) {
+    const std::string family = target_family(given);
+    if (family.empty()) {
+      res.errors.push_back("unknown target '" + given + "': expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
+      continue;
+    }
+    const std::string target = family == "hip" ? full_hip_target(given) : given;
+    const RtcCompiler* rtc = family == "cuda" ? static_cast<const RtcCompiler*>(&nvrtc) : &hiprtc;
+    const KernelsOf kernels = kernels_of(family);
+    std::string why;
+    if (!kernels) {
+      res.errors.push_back(target + ": no AMD kernel sources in this build (runtime/hip/kernels_hip.hpp is missing)");
+      continue;
+    }
+    if (!rtc->available(&why)) {
+      res.errors.push_back(target + ": the " + family + " run-time compiler cannot be loaded: " + why);
+      continue;
+    }
+    if (family == "hip" && !opts.dry_run && !hip::hip_target_known(target, &why, opts.hip_worker)) {
+      res.errors.push_back(target + ": " + why);
+      continue;
+    }
+    // Keys every launch of one shape; launches repeat per chunk, so (stem, constants) already
+    // seen on this target are skipped before rendering.
+    std::map<std::string, size_t> seen;
+    auto add_shape = [&](const ShapeInfo& s) {
+      if (!shape_supported(family, s, &why))
+        SMLA_THROW(Status::Unsupported, "not supported by the " + family + " kernels: " + why);
+      for (const Step& st : order_steps(s, kernels)) {
+        if (!st.spec.stem.empty() && st.spec.stem[0] == '@') continue;  // a library routine (rocPRIM): nothing to compile
+        const std::string tu = st.spec.stem + "|" + defines_tag(st.spec);
+        auto known = seen.find(tu);
+        if (known == seen.end()) {
+          RenderedSource src;
+          cache::KeyFields f = kernel_key_fields(st.spec, sources, *rtc, target, &src);
+          const std::string name = cache::make_key(f).entry_name();
+          auto same = by_entry.find(name);  // e.g. the same constants reached another way
+          if (same == by_entry.end()) {
+            WarmupItem item;
+            item.target = target;
+            item.kernel = st.spec.stem;
+            item.tag = f.shape_tag;
+            item.entry = name;
+            by_entry[name] = res.items.size();
+            res.items.push_back(std::move(item));
+            jobs.push_back(Job{res.items.size() - 1, rtc, family == "hip", std::move(f), std::move(src)});
+            same = by_entry.find(name);
+          }
+          known = seen.emplace(tu, same->second).first;
+        }
+        auto& e = res.items[known->second].entries;
+        if (std::find(e.begin(), e.end(), st.spec.entry) == e.end()) e.push_back(st.spec.entry);
+      }
+    };
+    for (const Problem& p : problems) {
+      try {
+        validate_problem(p);
+        if (!opts.configs.empty()) {
+          for (const TileConfig& c : opts.configs) add_shape(shape_with_config(p, &c, budget));
+          continue;
+        }
+        std::optional<TileConfig> tuned;
+        if (db) tuned = db->lookup(target, p, budget);
+        ShapeInfo s = shape_with_config(p, tuned ? &*tuned : nullptr, budget);
+        // A tuned config the kernels no longer accept is skipped, as plan() falls back then.
+        if (tuned && !shape_supported(family, s, nullptr)) s = shape_with_config(p, nullptr, budget);
+        add_shape(s);
+      } catch (const std::exception& e) {
+        res.errors.push_back(target + " " + describe(p) + ": " + first_line(e));
+      }
+    }
+  }
+  res.failed = int(res.errors.size());
+  auto finish = [&] {
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+  };
+  if (opts.dry_run || jobs.empty()) return finish();
+
+  // ---- compile into the output directory, as its user cache (unbounded: never evict here)
+  cache::Settings cs = cache::settings_from_env();
+  cs.dir = opts.out_dir;
+  cs.system_dir.clear();
+  cs.disable = false;
+  cs.readonly = false;
+  cs.max_bytes = 0;
+  cache::DiskCache disk(cs);
+  SMLA_REQUIRE(disk.writable(), Status::InvalidArgument,
+               "cannot write the warm-up output directory " + opts.out_dir + " (see the warning above; pick another --out)");
+
+  std::mutex mu;
+  std::atomic<size_t> next{0};
+  size_t done = 0;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      Job& j = jobs[i];
+      WarmupItem r;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        r = res.items[j.item];
+      }
+      const auto c0 = std::chrono::steady_clock::now();
+      try {
+        auto compile = [&j, &opts]() -> cache::CompileOutput {
+          if (!j.hip) {
+            CompileResult c = j.rtc->compile(j.src, j.fields.target);
+            return {std::move(c.binary), std::move(c.log)};
+          }
+          // hipRTC serializes a process: each compile runs in its own worker process.
+          auto out = hip::hip_compile_in_subprocesses({j.src}, j.fields.target, 1, opts.hip_worker);
+          if (!out[0].ok) SMLA_THROW(Status::CompileError, out[0].error + "\n" + out[0].result.log);
+          return {std::move(out[0].result.binary), std::move(out[0].result.log)};
+        };
+        const cache::Fetched f = disk.get_or_compile(j.fields, compile);
+        r.state = f.origin == cache::Origin::Compiled ? WarmupItem::State::Compiled : WarmupItem::State::Cached;
+      } catch (const std::exception& e) {
+        r.state = WarmupItem::State::Failed;
+        r.error = first_line(e);
+      }
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+      std::lock_guard<std::mutex> l(mu);
+      res.items[j.item] = r;
+      if (r.state == WarmupItem::State::Compiled) ++res.compiled;
+      else if (r.state == WarmupItem::State::Cached) ++res.cached;
+      else ++res.failed;
+      ++done;
+      if (opts.progress) opts.progress(r, done, jobs.size());
+    }
+  };
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t n = std::min(jobs.size(), size_t(opts.jobs > 0 ? unsigned(opts.jobs) : hw));
+  std::vector<std::thread> pool;
+  for (size_t i = 0; i < n; ++i) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+
+  // A compile whose publish failed (disk full...) left nothing in the directory: a failure here.
+  if (const int64_t lost = disk.stats().publish_failures; lost > 0) {
+    res.errors.push_back(std::to_string(lost) + " compiled kernel(s) could not be written to " + opts.out_dir);
+    res.failed += int(lost);
+  }
+  return finish();
+}
+
+// ---------------------------------------------------------------- problem lists
+
+namespace {
+
+// `ctx` names what was parsed ("--shape '...'", "problem list entry 2 \"T\"").
+[[noreturn]] void bad_spec(const std::string& ctx, const std::string& why) {
+  SMLA_THROW(Status::InvalidArgument, ctx + ": " + why +
+                                          " (expected T,H,NUM_KV,TOPK[,R_CHUNK]; each field a number, A:B:STEP or "
+                                          "A:B:*F, optionally NAME=..., e.g. T=4096:16384:4096,128,5120,512)");
+}
+
+int64_t parse_int(const std::string& s, const std::string& spec) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size()) bad_spec(spec, "'" + s + "' is not an integer");
+  return v;
+}
+
+constexpr size_t kMaxProblems = 100000;  // a typo in a range should not plan forever
+
+std::vector<int64_t> parse_values(const std::string& field, const std::string& spec) {
+  std::vector<std::string> parts;
+  std::stringstream ss(field);
+  for (std::string s; std::getline(ss, s, ':');) parts.push_back(s);
+  if (!field.empty() && field.back() == ':') parts.push_back("");
+  if (parts.size() == 1) return {parse_int(parts[0], spec)};
+  if (parts.size() != 3) bad_spec(spec, "range '" + field + "' needs A:B:STEP or A:B:*F");
+  const int64_t a = parse_int(parts[0], spec), b = parse_int(parts[1], spec);
+  const bool geometric = !parts[2].empty() && parts[2][0] == '*';
+  const int64_t step = parse_int(geometric ? parts[2].substr(1) : parts[2], spec);
+  if (a > b) bad_spec(spec, "range '" + field + "' goes down (A > B)");
+  if (geometric ? (step < 2 || a < 1) : step < 1)
+    bad_spec(spec, "range '" + field + "': the step must be >= 1 (a factor >= 2 from A >= 1)");
+  std::vector<int64_t> v;
+  for (int64_t x = a; x <= b; x = geometric ? x * step : x + step) {
+    v.push_back(x);
+    if (v.size() > kMaxProblems) bad_spec(spec, "range '" + field + "' has too many values");
+  }
+  return v;
+}
+
+std::string upper(std::string s) {
+  for (char& c : s) c = char(std::toupper((unsigned char)c));
+  return s;
+}
+
+// Cross product of the value lists of T, H, NUM_KV, TOPK, R_CHUNK.
+std::vector<Problem> expand(const std::vector<std::vector<int64_t>>& vals, const Problem& base, const std::string& what) {
+  std::vector<Problem> out;
+  for (int64_t T : vals[0])
+    for (int64_t H : vals[1])
+      for (int64_t kv : vals[2])
+        for (int64_t k : vals[3])
+          for (int64_t rc : vals[4]) {
+            Problem p = base;
+            p.T = T, p.H = H, p.num_kv = kv, p.topk = k, p.r_chunk = rc;
+            out.push_back(p);
+            if (out.size() > kMaxProblems)
+              SMLA_THROW(Status::InvalidArgument, what + ": more than " + std::to_string(kMaxProblems) + " problems");
+          }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Problem> parse_shape_spec(const std::string& spec_text) {
+  const std::string spec = "--shape '" + spec_text + "'";
+  static const char* kNames[] = {"T", "H", "NUM_KV", "TOPK", "R_CHUNK"};
+  std::vector<std::vector<int64_t>> vals(5);
+  std::vector<std::string> fields;
+  std::stringstream ss(spec_text);
+  for (std::string f; std::getline(ss, f, ',');) fields.push_back(f);
+  if (fields.empty() || fields.size() > 5) bad_spec(spec, std::to_string(fields.size()) + " fields");
+  for (size_t i = 0; i < fields.size(); ++i) {
+    std::string f = fields[i];
+    size_t slot = i;
+    const size_t eq = f.find('=');
+    if (eq != std::string::npos) {
+      const std::string name = upper(f.substr(0, eq));
+      slot = 5;
+      for (size_t k = 0; k < 5; ++k)
+        if (name == kNames[k]) slot = k;
+      if (slot == 5) bad_spec(spec, "unknown field name '" + f.substr(0, eq) + "'");
+      f = f.substr(eq + 1);
+    }
+    if (!vals[slot].empty()) bad_spec(spec, std::string(kNames[slot]) + " given twice");
+    vals[slot] = parse_values(f, spec);
+  }
+  for (size_t k = 0; k < 4; ++k)
+    if (vals[k].empty()) bad_spec(spec, std::string(kNames[k]) + " is missing");
+  if (vals[4].empty()) vals[4] = {0};
+  return expand(vals, Problem{}, spec);
+}
+
+std::vector<Problem> parse_problems_json(const std::string& text) {
+  using json = nlohmann::json;
+  json doc = json::parse(text, nullptr, false);
+  if (doc.is_discarded()) SMLA_THROW(Status::InvalidArgument, "problem list: not valid JSON");
+  if (doc.is_object() && doc.contains("problems")) doc = doc["problems"];
+  if (!doc.is_array()) SMLA_THROW(Status::InvalidArgument, "problem list: expected an array of problems (or {\"problems\": [...]})");
+  std::vector<Problem> out;
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const json& e = doc[i];
+    const std::string where = "problem list entry " + std::to_string(i);
+    if (!e.is_object()) SMLA_THROW(Status::InvalidArgument, where + ": expected an object");
+    std::vector<std::vector<int64_t>> vals(5);
+    const char* keys[] = {"T", "H", "num_kv", "topk", "r_chunk"};
+    for (size_t k = 0; k < 5; ++k) {
+      if (!e.contains(keys[k])) {
+        if (k < 4) SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" is missing");
+        vals[k] = {0};
+        continue;
+      }
+      const json& v = e[keys[k]];
+      if (v.is_number_integer()) vals[k] = {v.get<int64_t>()};
+      else if (v.is_string()) vals[k] = parse_values(v.get<std::string>(), where + " \"" + keys[k] + "\"");
+      else SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" must be an integer or a range string");
+    }
+    Problem base;
+    auto flag = [&](const char* k, bool def) {
+      if (!e.contains(k)) return def;
+      if (!e[k].is_boolean()) SMLA_THROW(Status::InvalidArgument, where + ": \"" + k + "\" must be true or false");
+      return e[k].get<bool>();
+    };
+    base.has_sink = flag("sink", false);
+    base.lse.base2 = flag("lse_base2", false);
+    base.lse.includes_sink = flag("lse_includes_sink", true);
+    base.check_indices = flag("check_indices", false);
+    base.dkv_fp32 = flag("dkv_fp32", false);
+    for (Problem& p : expand(vals, base, where)) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace smla

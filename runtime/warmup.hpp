@@ -1,0 +1,79 @@
+// warmup.hpp: the offline compile driver behind smla-warmup: every kernel the planner would
+// launch for a list of problems and targets, compiled ahead of time into a cache directory
+// (no GPU needed). The directory then serves as SMLA_CACHE_SYSTEM_DIR (read-only) on other
+// machines, or as the user cache itself.
+//
+// T policy: no kernel has T compiled in (T, num_kv, r_chunk and the chunk index are run-time
+// arguments in SmlaParams), so a new T with everything else the same reuses every compiled
+// kernel. The only way T changes the kernel set is through the tuning database: its T buckets
+// (powers of two) may hold different tile configs; warm-up applies them the way plan() does.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "smla/smla.hpp"
+
+namespace smla {
+
+struct WarmupItem {
+  enum class State { Planned, Compiled, Cached, Failed };
+  std::string target;  ///< as compiled for ("sm_90a", "gfx90a:sramecc+:xnack-")
+  std::string kernel;  ///< source stem ("dq")
+  std::string tag;     ///< constants of the translation unit ("HEADS128-BLOCK_H64-...")
+  std::string entry;   ///< cache entry name "<stem>-<tag>-<digest>" ("" when it failed before keying)
+  std::vector<std::string> entries;  ///< kernel entry points launched from this translation unit
+  State state = State::Planned;
+  std::string error;   ///< first line of the error (Failed)
+  double seconds = 0;  ///< compile time (Compiled)
+};
+
+struct WarmupResult {
+  int compiled = 0, cached = 0, failed = 0;
+  double seconds = 0;
+  std::vector<WarmupItem> items;    ///< one per distinct translation unit and target
+  std::vector<std::string> errors;  ///< failures before any kernel (unknown target, unsupported shape); each counts in `failed`
+};
+
+struct WarmupOptions {
+  std::string out_dir;            ///< the cache directory written (required)
+  int jobs = 0;                   ///< concurrent compiles; 0 = hardware threads
+  bool dry_run = false;           ///< list kernels and keys, compile nothing
+  bool use_tuning_db = true;      ///< apply tuned configs as plan() will
+  std::string tuning_db;          ///< empty: default_tuning_db_path()
+  std::string kernel_src_dir;     ///< empty: the embedded kernel sources
+  std::string hip_worker;         ///< path hint for smla-hiprtc-worker
+  size_t interm_budget = 0;       ///< 0: runtime_env().interm_budget (what plan() uses)
+  /// Non-empty: plan each problem with each of these explicit configs instead of the
+  /// heuristic/tuned one (smla-tune precompiles its candidates this way).
+  std::vector<TileConfig> configs;
+  /// Called after each item finishes (from worker threads, serialized): the item, done, total.
+  std::function<void(const WarmupItem&, size_t, size_t)> progress;
+};
+
+/// Targets of the GPUs present (deduplicated), e.g. {"sm_90a"}; empty with `why` when none.
+std::vector<std::string> present_targets(std::string* why);
+
+/// Family of a target id: "cuda" for sm_*, "hip" for gfx*, "" otherwise.
+std::string target_family(const std::string& target);
+
+/// Compiles (or, dry run, lists) every distinct translation unit the planner would launch for
+/// each problem on each target into a DiskCache at opts.out_dir; NVRTC on threads, hipRTC in
+/// worker subprocesses. Failures are counted and described, never thrown; throws smla::Error
+/// only for unusable options (no out_dir, an unwritable out_dir).
+WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
+                          const WarmupOptions& opts);
+
+/// Parses one --shape: comma-separated fields `[NAME=]SPEC`, NAME one of T, H, NUM_KV, TOPK,
+/// R_CHUNK (a field without a name takes its position's name), SPEC a number, `A:B:STEP`
+/// (A, A+STEP, ... <= B) or `A:B:*F` (A, A*F, ... <= B). T, H, NUM_KV and TOPK are required;
+/// the problems are the cross product of the ranges. Throws smla::Error(InvalidArgument).
+std::vector<Problem> parse_shape_spec(const std::string& spec);
+
+/// Problems from JSON: an array (or {"problems": [...]}) of objects with T, H, num_kv, topk
+/// (numbers or range strings as in parse_shape_spec) and optional r_chunk, sink, lse_base2,
+/// lse_includes_sink, check_indices, dkv_fp32. Throws smla::Error(InvalidArgument).
+std::vector<Problem> parse_problems_json(const std::string& text);
+
+}  // namespace smla

@@ -1,0 +1,232 @@
+// test_hip_kernels_offline.cpp: hipRTC compiles, offline (no AMD GPU), every AMD kernel variant
+// the planner can choose, for gfx90a (which Debian's ROCm 5.2 knows) and for gfx950 where this
+// hipRTC knows it; the code objects are inspected (AMDGPU ELF, entry symbols, MFMA instructions
+// and no scratch spills in the matrix kernels where an amdgcn llvm-objdump / llvm-readelf exists).
+// Nothing here runs a kernel: no AMD result is claimed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "runtime/env.hpp"
+#include "runtime/hip/amdgpu_elf.hpp"
+#include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
+#include "runtime/hip/hiprtc_compiler.hpp"
+#include "runtime/hip/kernels_hip.hpp"
+#include "runtime/planner.hpp"
+#include "runtime/sources.hpp"
+
+namespace smla {
+namespace {
+
+// The shapes the planner serves: every supported H and the DSv4 top-k values, over T and num_kv
+// wide enough to reach every default chunking and radix geometry, with sink and index check.
+std::vector<ShapeInfo> planner_shapes() {
+  std::vector<ShapeInfo> out;
+  for (int64_t H : {16, 32, 64, 128})
+    for (int64_t topk : {64, 160, 512, 640, 1024, 1152})
+      for (int64_t T : {1, 4096, 32768})
+        for (int64_t num_kv : {200, 5120, 70000}) {
+          Problem p;
+          p.T = T, p.H = H, p.topk = topk, p.num_kv = num_kv, p.has_sink = true, p.check_indices = true;
+          out.push_back(choose_shape(p, runtime_env().interm_budget));
+        }
+  return out;
+}
+
+// One translation unit per (stem, defines): the entries of a stem share it, as in the cache.
+struct Unit {
+  KernelSpec spec;                 // the first spec of the unit
+  std::set<std::string> entries;   // every entry launched from it
+};
+
+std::vector<Unit> compile_units() {
+  std::map<std::pair<std::string, std::vector<std::pair<std::string, long long>>>, Unit> by_tu;
+  for (const KernelSpec& k : hip_all_kernels(planner_shapes())) {
+    if (hip_is_library_kernel(k)) continue;
+    Unit& u = by_tu[{k.stem, k.defines}];
+    if (u.entries.empty()) u.spec = k;
+    u.entries.insert(k.entry);
+  }
+  std::vector<Unit> out;
+  for (auto& kv : by_tu) out.push_back(kv.second);
+  return out;
+}
+
+std::string shell(const std::string& cmd, int* status) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) {
+    *status = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  *status = pclose(f);
+  return out;
+}
+
+// An LLVM tool (llvm-objdump, llvm-readelf) that knows amdgcn: $SMLA_LLVM_BIN/<tool>, ROCm's,
+// Debian's versioned ones, then PATH. Empty when none.
+std::string amdgcn_tool(const std::string& tool) {
+  std::vector<std::string> cands;
+  if (const char* d = std::getenv("SMLA_LLVM_BIN")) cands.push_back(std::string(d) + "/" + tool);
+  cands.push_back("/opt/rocm/llvm/bin/" + tool);
+  for (int v = 20; v >= 14; --v) cands.push_back("/usr/lib/llvm-" + std::to_string(v) + "/bin/" + tool);
+  cands.push_back(tool);
+  for (const std::string& c : cands) {
+    int st = 0;
+    std::string ver = shell("'" + c + "' --version 2>/dev/null", &st);
+    if (st == 0 && ver.find("amdgcn") != std::string::npos) return c;
+  }
+  return {};
+}
+
+std::string write_temp(const hip::TempDir& dir, const std::string& name, const std::vector<uint8_t>& bin) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bin.data()), std::streamsize(bin.size()));
+  return path;
+}
+
+// ---------------------------------------------------------------- launch specs (no hipRTC)
+
+TEST(HipKernelSpecs, EveryPlannerShapeIsSupportedWithSaneGeometry) {
+  for (const ShapeInfo& s : planner_shapes()) {
+    std::string why;
+    ASSERT_TRUE(hip_shape_supported(s, &why)) << "H=" << s.H << " topk=" << s.topk << " T=" << s.T << ": " << why;
+    for (Phase ph : {Phase::CheckTopk, Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather,
+                     Phase::DSink}) {
+      const std::vector<KernelSpec> ks = hip_phase_kernels(ph, s);
+      ASSERT_FALSE(ks.empty()) << phase_name(ph);
+      for (const KernelSpec& k : ks) {
+        if (hip_is_library_kernel(k)) continue;
+        const unsigned threads = k.block.x * k.block.y * k.block.z;
+        EXPECT_GE(threads, 64u) << k.entry;
+        EXPECT_LE(threads, 1024u) << k.entry;
+        EXPECT_EQ(threads % 64, 0u) << k.entry << ": whole wavefronts";
+        EXPECT_LE(k.smem_bytes, kHipDefaultLds) << k.entry;
+        EXPECT_GE(k.grid.x, 1u) << k.entry;
+      }
+    }
+    // dq covers every (token, head block); dkv_interm every (token, column block).
+    const KernelSpec dq = hip_phase_kernels(Phase::Dq, s).at(0);
+    std::map<std::string, long long> def(dq.defines.begin(), dq.defines.end());
+    EXPECT_EQ(dq.grid.x, unsigned(s.T));
+    EXPECT_EQ(dq.grid.y * def.at("BLOCK_H"), s.H);
+    EXPECT_EQ(dq.block.x, unsigned(64 * (def.at("BLOCK_H") / 16) * (def.at("BLOCK_R") / 16)));  // one wave per 16x16 of S
+    const KernelSpec dk = hip_phase_kernels(Phase::DkvInterm, s).at(0);
+    def = std::map<std::string, long long>(dk.defines.begin(), dk.defines.end());
+    EXPECT_EQ(dk.grid.x, unsigned(s.T));
+    EXPECT_EQ(dk.grid.y * def.at("BLOCK_D"), SMLA_D);
+  }
+}
+
+TEST(HipKernelSpecs, CsrIsKeysThenRocprimThenRowptr) {
+  Problem p;
+  p.T = 300, p.H = 64, p.topk = 512, p.num_kv = 70000;
+  const std::vector<KernelSpec> ks = hip_phase_kernels(Phase::Csr, choose_shape(p, runtime_env().interm_budget));
+  ASSERT_EQ(ks.size(), 3u);
+  EXPECT_EQ(ks[0].entry, "smla_csr_keys");
+  EXPECT_TRUE(hip_is_library_kernel(ks[1]));
+  EXPECT_EQ(ks[1].stem, kRocprimStem);
+  EXPECT_EQ(ks[1].entry, "radix_sort_pairs");
+  EXPECT_EQ(ks[2].entry, "smla_csr_rowptr");
+  // keys: one thread per item; rowptr: one per position 0..n
+  EXPECT_GE(long(ks[0].grid.x) * ks[0].block.x, 300L * 512);
+  EXPECT_GE(long(ks[2].grid.x) * ks[2].block.x, 300L * 512 + 1);
+}
+
+TEST(HipKernelSpecs, RejectsTilesThatDoNotFit) {
+  Problem p;
+  p.T = 8, p.H = 128, p.topk = 512, p.num_kv = 1000;
+  ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  std::string why;
+  s.dq_block_h = 64;  // 8 wavefronts of ~350 registers: does not fit a CU
+  EXPECT_FALSE(hip_shape_supported(s, &why));
+  EXPECT_NE(why.find("dq tile"), std::string::npos) << why;
+  s.dq_block_h = 0;
+  s.dkv_block_d = 256;  // B^T of 2*128 rows x 256 columns: 135 KB of LDS
+  EXPECT_FALSE(hip_shape_supported(s, &why));
+  EXPECT_NE(why.find("LDS"), std::string::npos) << why;
+  EXPECT_THROW(hip_phase_kernels(Phase::DkvInterm, s), Error);
+}
+
+TEST(HipKernelSpecs, EverySourceIsEmbeddedAndTheMemoryBoundBodiesAreShared) {
+  KernelSources src;  // what the library embeds
+  for (const Unit& u : compile_units()) EXPECT_TRUE(src.has(source_file_name(u.spec.stem, "hip"))) << u.spec.stem;
+  // The code the H200 runs is the code compiled for AMD: the .hip file includes the .cu body.
+  for (const char* stem : {"delta", "check_topk", "d_sink", "gather"}) {
+    const RenderedSource r = src.render(KernelSpec{stem, "", {}, {}, {}, 0, 0}, "hip");
+    bool has_body = false;
+    for (const auto& h : r.headers) has_body |= h.first == std::string(stem) + ".cu";
+    EXPECT_TRUE(has_body) << stem << ".hip does not include " << stem << ".cu";
+  }
+}
+
+// ---------------------------------------------------------------- hipRTC, offline
+
+class HipKernelsCompile : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HipKernelsCompile, EveryVariantCompilesToARealCodeObject) {
+  const std::string target = GetParam();
+  std::string why;
+  if (!hip::Api::get(&why)) GTEST_SKIP() << "hipRTC not installed here: " << why;
+  if (!hip::hip_target_known(target, &why)) GTEST_SKIP() << "target " << target << " skipped: " << why;
+
+  const std::vector<Unit> units = compile_units();
+  // 4 H values x (dq, dkv_interm) + delta, check_topk, csr, gather, d_sink
+  ASSERT_EQ(units.size(), 13u);
+  KernelSources src;
+  std::vector<RenderedSource> rendered;
+  for (const Unit& u : units) rendered.push_back(src.render(u.spec, "hip"));
+  // hipRTC is serial in a process: two workers use both cores of CI.
+  const std::vector<hip::HipWorkerResult> res = hip::hip_compile_in_subprocesses(rendered, target, 2);
+  ASSERT_EQ(res.size(), units.size());
+
+  const std::string objdump = amdgcn_tool("llvm-objdump"), readelf = amdgcn_tool("llvm-readelf");
+  hip::TempDir dir("smla-hip-kernels");
+  int mfma_checked = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    std::string name = u.spec.stem;
+    for (const auto& d : u.spec.defines) name += "_" + d.first + std::to_string(d.second);
+    ASSERT_TRUE(res[i].ok) << name << " for " << target << ": " << res[i].error << "\n" << res[i].result.log;
+    const hip::ElfInfo elf = hip::read_elf(res[i].result.binary);
+    ASSERT_TRUE(elf.valid) << name << ": " << elf.error;
+    EXPECT_EQ(elf.machine, hip::kEmAmdgpu) << name;
+    const std::set<std::string> syms(elf.symbols.begin(), elf.symbols.end());
+    for (const std::string& e : u.entries) EXPECT_TRUE(syms.count(e)) << name << " lacks the entry " << e;
+
+    const bool matrix = u.spec.stem == "dq" || u.spec.stem == "dkv_interm";
+    if (!matrix || (objdump.empty() && readelf.empty())) continue;
+    const std::string co = write_temp(dir, name + ".co", res[i].result.binary);
+    int st = 0;
+    if (!objdump.empty()) {
+      const std::string dis = shell("'" + objdump + "' -d '" + co + "'", &st);
+      ASSERT_EQ(st, 0) << objdump << " failed on " << co;
+      EXPECT_NE(dis.find("v_mfma_f32_16x16x"), std::string::npos) << name << ": no MFMA in the disassembly";
+      ++mfma_checked;
+    }
+    if (!readelf.empty()) {
+      // Registers that spill go to scratch: the matrix kernels' tiles are sized to need none.
+      const std::string notes = shell("'" + readelf + "' --notes '" + co + "'", &st);
+      ASSERT_EQ(st, 0) << readelf << " failed on " << co;
+      const size_t at = notes.find(".private_segment_fixed_size:");
+      ASSERT_NE(at, std::string::npos) << name << ": no kernel metadata";
+      EXPECT_EQ(std::atoi(notes.c_str() + at + 28), 0) << name << " uses scratch (register spills)";
+    }
+  }
+  if (objdump.empty()) std::printf("[ NOTE ] no amdgcn llvm-objdump here: MFMA instructions not checked\n");
+  else EXPECT_EQ(mfma_checked, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, HipKernelsCompile, ::testing::Values("gfx90a", "gfx942", "gfx950"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,399 @@
+// test_seqpar.cpp: sequence parallelism on CPU-backend ranks (threads + HostReducer), the same
+// code path GPU ranks take with NCCL; the host reduction itself; NCCL's loader when it is missing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "runtime/cuda/cuda_api.hpp"
+#include "runtime/cuda/device_memory.hpp"
+#include "runtime/nccl_api.hpp"
+#include "runtime/seqpar.hpp"
+#include "tools/case_runner.hpp"
+
+namespace smla {
+namespace {
+
+constexpr size_t D = 512;
+
+Runtime& runtime() {
+  static Runtime rt;
+  return rt;
+}
+
+std::vector<double> widen(const std::vector<uint16_t>& bf16) {
+  std::vector<double> v(bf16.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u = uint32_t(bf16[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    v[i] = f;
+  }
+  return v;
+}
+std::vector<double> widen(const std::vector<float>& f) { return std::vector<double>(f.begin(), f.end()); }
+
+void expect_bar(const std::string& what, const ref::Compare& c) {
+  EXPECT_TRUE(ref::meets_bar(c)) << what << ": rel_err " << c.rel_err << " cosine " << c.cosine << " finite "
+                                 << c.finite << " unwritten " << c.unwritten;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// ---- the split and the views
+
+TEST(SeqparSplit, CoversEveryTokenOnceBalanced) {
+  for (int64_t T : {1, 2, 7, 64, 67, 1000})
+    for (int n : {1, 2, 3, 5}) {
+      if (T < n) continue;
+      int64_t next = 0, lo = T, hi = 0;
+      for (int r = 0; r < n; ++r) {
+        const seqpar::TokenRange g = seqpar::split(T, r, n);
+        EXPECT_EQ(g.t0, next) << "T=" << T << " n=" << n << " rank " << r;
+        next = g.t1;
+        lo = std::min(lo, g.size());
+        hi = std::max(hi, g.size());
+      }
+      EXPECT_EQ(next, T);
+      EXPECT_LE(hi - lo, 1) << "T=" << T << " n=" << n;
+    }
+}
+
+TEST(SeqparSplit, RejectsRanksWithoutTokens) {
+  try {
+    seqpar::split(2, 0, 3);
+    FAIL() << "3 ranks over 2 tokens must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(e.message().find("at least one token"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(seqpar::split(8, 2, 2), Error);
+  EXPECT_THROW(seqpar::split(8, -1, 2), Error);
+}
+
+TEST(SeqparView, RankProblemAndRowOffsets) {
+  Problem whole;
+  whole.T = 10, whole.H = 16, whole.num_kv = 30, whole.topk = 32, whole.has_sink = true, whole.r_chunk = 16;
+  const seqpar::TokenRange r{3, 7};
+  const Problem p = seqpar::rank_problem(whole, r);
+  EXPECT_EQ(p.T, 4);
+  EXPECT_TRUE(p.dkv_fp32);
+  EXPECT_EQ(p.H, whole.H);
+  EXPECT_EQ(p.num_kv, whole.num_kv);
+  EXPECT_EQ(p.topk, whole.topk);
+  EXPECT_EQ(p.r_chunk, whole.r_chunk);
+  EXPECT_TRUE(p.has_sink);
+
+  // Fake but distinct base addresses: only the arithmetic is checked.
+  std::vector<char> arena(1 << 16);
+  char* b = arena.data();
+  Tensors t;
+  t.q = b + 0x100, t.o = b + 0x200, t.dout = b + 0x300, t.dq = b + 0x400, t.kv = b + 0x500, t.dkv = b + 0x600;
+  t.lse = reinterpret_cast<const float*>(b + 0x700);
+  t.topk = reinterpret_cast<const int32_t*>(b + 0x800);
+  t.d_sink = reinterpret_cast<float*>(b + 0x900);
+  t.q_stride_t = 20000;  // a strided q: the view must keep the caller's stride
+  t.lse_stride_t = 17;
+  const Tensors v = seqpar::rank_view(whole, t, r);
+  auto bytes = [](const void* x, const void* base) { return static_cast<const char*>(x) - static_cast<const char*>(base); };
+  EXPECT_EQ(bytes(v.q, t.q), 3 * 20000 * 2);
+  EXPECT_EQ(bytes(v.o, t.o), 3 * 16 * 512 * 2);
+  EXPECT_EQ(bytes(v.dout, t.dout), 3 * 16 * 512 * 2);
+  EXPECT_EQ(bytes(v.dq, t.dq), 3 * 16 * 512 * 2);
+  EXPECT_EQ(bytes(v.lse, t.lse), 3 * 17 * 4);
+  EXPECT_EQ(bytes(v.topk, t.topk), 3 * 32 * 4);
+  EXPECT_EQ(v.kv, t.kv);
+  EXPECT_EQ(v.dkv, t.dkv);
+  EXPECT_EQ(v.d_sink, t.d_sink);
+  EXPECT_EQ(v.q_stride_t, 20000);
+  EXPECT_THROW(seqpar::rank_view(whole, t, {8, 11}), Error);
+}
+
+// ---- the host reduction
+
+void run_ranks(int n, const std::function<void(int)>& fn, std::vector<std::string>* errors) {
+  errors->assign(size_t(n), "");
+  std::vector<std::thread> th;
+  for (int r = 0; r < n; ++r)
+    th.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        (*errors)[size_t(r)] = e.what();
+      }
+    });
+  for (auto& x : th) x.join();
+}
+
+TEST(HostReducer, SumsInRankOrderAndAllRanksAgree) {
+  const int n = 3;
+  const size_t count = 1001;  // not a multiple of n: uneven slices
+  auto group = std::make_shared<seqpar::HostGroup>(n);
+  auto value = [](int r, size_t i, int call) -> float {
+    if (i == 5) return r == 0 ? 1e8f : r == 1 ? 1.0f : -1e8f;  // order-sensitive: rank order gives 0
+    return std::sin(float(i * 7 + r * 13 + call)) * float(1 + r);
+  };
+  std::vector<std::vector<float>> out(n);
+  const int calls = 40;  // reuses the group's barriers many times
+  std::vector<std::string> errors;
+  run_ranks(n, [&](int r) {
+    seqpar::HostReducer red(group, r);
+    EXPECT_EQ(red.size(), n);
+    std::vector<float> buf(count);
+    for (int c = 0; c < calls; ++c) {
+      for (size_t i = 0; i < count; ++i) buf[i] = value(r, i, c);
+      red.all_reduce_sum(buf.data(), count, nullptr);
+    }
+    out[size_t(r)] = buf;
+  }, &errors);
+  for (auto& e : errors) ASSERT_EQ(e, "");
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; ++i) {
+    float s = value(0, i, calls - 1);
+    for (int r = 1; r < n; ++r) s += value(r, i, calls - 1);
+    want[i] = s;
+  }
+  EXPECT_EQ(want[5], 0.0f) << "the order-sensitive element should cancel in rank order";
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(same_bits(out[size_t(r)], want)) << "rank " << r;
+}
+
+TEST(HostReducer, MismatchedCountsFailOnEveryRankWithoutHanging) {
+  auto group = std::make_shared<seqpar::HostGroup>(2);
+  std::vector<std::string> errors;
+  run_ranks(2, [&](int r) {
+    seqpar::HostReducer red(group, r);
+    std::vector<float> buf(8, 1.0f);
+    red.all_reduce_sum(buf.data(), r == 0 ? 8 : 4, nullptr);
+  }, &errors);
+  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[size_t(r)].find("different counts"), std::string::npos) << errors[size_t(r)];
+}
+
+TEST(HostReducer, AbortReleasesWaitingRanks) {
+  auto group = std::make_shared<seqpar::HostGroup>(2);
+  std::vector<std::string> errors;
+  run_ranks(2, [&](int r) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let rank 0 wait first
+      group->abort("rank 1 failed to plan");
+      return;
+    }
+    seqpar::HostReducer red(group, 0);
+    std::vector<float> buf(8, 1.0f);
+    red.all_reduce_sum(buf.data(), 8, nullptr);
+  }, &errors);
+  EXPECT_NE(errors[0].find("rank 1 failed to plan"), std::string::npos) << errors[0];
+}
+
+// ---- sequence-parallel backward on CPU ranks
+
+struct Result {
+  std::vector<uint16_t> dq, dkv;
+  std::vector<float> dkv_f32, d_sink;
+};
+
+Problem cpu_problem(int T, int H, int num_kv, int topk, bool sink) {
+  Problem p;
+  p.T = T, p.H = H, p.num_kv = num_kv, p.topk = topk, p.has_sink = sink;
+  p.r_chunk = 32;  // fixed, so every rank chunks its slots as the one-rank run does
+  p.backend = BackendKind::Cpu;
+  return p;
+}
+
+Result one_rank(const Problem& whole, const ref::Inputs& in) {
+  auto plan = runtime().plan(whole);
+  tools::CaseRunner cr(whole, in);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  tools::Outputs o = cr.read_outputs();
+  return {o.dq, o.dkv, {}, o.d_sink};
+}
+
+// Ranks as threads, each with its own tensors (the whole inputs; its view covers its rows).
+Result seqpar_ranks(const Problem& whole, const ref::Inputs& in, int n) {
+  auto group = std::make_shared<seqpar::HostGroup>(n);
+  std::vector<tools::Outputs> outs(static_cast<size_t>(n));
+  std::vector<std::string> errors;
+  run_ranks(n, [&](int r) {
+    try {
+      const seqpar::TokenRange g = seqpar::split(whole.T, r, n);
+      auto plan = runtime().plan(seqpar::rank_problem(whole, g));
+      Problem holder = whole;
+      holder.dkv_fp32 = true;  // CaseRunner then allocates an fp32 dkv
+      tools::CaseRunner cr(holder, in);
+      const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
+      void* ws = cr.workspace(plan->workspace_bytes());
+      cr.poison_outputs();
+      seqpar::HostReducer red(group, r);
+      seqpar::backward(*plan, t, ws, cr.workspace_size(), cr.stream(), red);
+      outs[size_t(r)] = cr.read_outputs();
+    } catch (const std::exception& e) {
+      group->abort(e.what());  // the other ranks must not wait for this one
+      throw;
+    }
+  }, &errors);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+  Result res;
+  const size_t row = size_t(whole.H) * D;
+  res.dq.assign(size_t(whole.T) * row, 0);
+  for (int r = 0; r < n; ++r) {
+    if (!errors[size_t(r)].empty()) return res;
+    const seqpar::TokenRange g = seqpar::split(whole.T, r, n);
+    const auto& dq = outs[size_t(r)].dq;
+    std::copy(dq.begin() + g.t0 * row, dq.begin() + g.t1 * row, res.dq.begin() + g.t0 * row);
+    // A rank writes only its rows: the rest must still hold the poison.
+    size_t foreign_written = 0;
+    for (size_t i = 0; i < dq.size(); ++i)
+      if ((i < size_t(g.t0) * row || i >= size_t(g.t1) * row) && dq[i] != ref::kPoisonBf16) ++foreign_written;
+    EXPECT_EQ(foreign_written, 0u) << "rank " << r << " wrote dq outside its tokens";
+    EXPECT_TRUE(same_bits(outs[size_t(r)].dkv_f32, outs[0].dkv_f32)) << "rank " << r << " holds another dkv sum";
+    EXPECT_TRUE(same_bits(outs[size_t(r)].d_sink, outs[0].d_sink)) << "rank " << r << " holds another d_sink sum";
+  }
+  res.dkv_f32 = outs[0].dkv_f32;
+  res.d_sink = outs[0].d_sink;
+  res.dkv.resize(res.dkv_f32.size());
+  seqpar::round_to_bf16(res.dkv_f32.data(), res.dkv.data(), res.dkv.size());
+  return res;
+}
+
+struct SeqparCase {
+  int T, H, num_kv, topk;
+  bool sink;
+  ref::TopkKind kind;
+  int ranks;
+};
+
+class SeqparCpu : public ::testing::TestWithParam<SeqparCase> {};
+
+TEST_P(SeqparCpu, SplitEqualsOneRankAndReference) {
+  const SeqparCase c = GetParam();
+  const Problem whole = cpu_problem(c.T, c.H, c.num_kv, c.topk, c.sink);
+  const ref::Inputs in = ref::make_inputs(c.T, c.H, c.num_kv, c.topk, c.sink, 7 + uint64_t(c.ranks), c.kind);
+  const Result one = one_rank(whole, in);
+  const Result split = seqpar_ranks(whole, in, c.ranks);
+  const Result again = seqpar_ranks(whole, in, c.ranks);
+  const ref::Grads g = ref::backward(in);
+  const size_t nq = size_t(c.T) * c.H * D, nkv = size_t(c.num_kv) * D;
+
+  expect_bar("dq vs one rank", ref::compare(widen(one.dq), split.dq.data(), nq));
+  expect_bar("dkv vs one rank", ref::compare(widen(one.dkv), split.dkv.data(), nkv));
+  expect_bar("dq vs float64", ref::compare(g.dq, split.dq.data(), nq));
+  expect_bar("dkv vs float64", ref::compare(g.dkv, split.dkv.data(), nkv));
+  if (c.sink) {
+    expect_bar("d_sink vs one rank", ref::compare(widen(one.d_sink), split.d_sink.data(), size_t(c.H)));
+    expect_bar("d_sink vs float64", ref::compare(g.d_sink, split.d_sink.data(), size_t(c.H)));
+  }
+  // A token's dq depends on its own row only, and r_chunk is fixed: same bits as one rank.
+  EXPECT_TRUE(split.dq == one.dq) << "dq differs from the one-rank run";
+  // Deterministic reduction: a second run gives the same bits.
+  EXPECT_TRUE(split.dq == again.dq) << "dq differs between two runs";
+  EXPECT_TRUE(same_bits(split.dkv_f32, again.dkv_f32)) << "reduced dkv differs between two runs";
+  EXPECT_TRUE(same_bits(split.d_sink, again.d_sink)) << "reduced d_sink differs between two runs";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, SeqparCpu,
+    ::testing::Values(SeqparCase{67, 16, 80, 64, true, ref::TopkKind::Uniform, 2},
+                      SeqparCase{67, 16, 80, 64, true, ref::TopkKind::Uniform, 3},
+                      SeqparCase{65, 16, 200, 160, true, ref::TopkKind::Benchmark, 3},
+                      SeqparCase{48, 32, 64, 32, false, ref::TopkKind::Uniform, 2}),
+    [](const ::testing::TestParamInfo<SeqparCase>& i) {
+      const SeqparCase& c = i.param;
+      return "T" + std::to_string(c.T) + "_H" + std::to_string(c.H) + "_kv" + std::to_string(c.num_kv) + "_k" +
+             std::to_string(c.topk) + (c.sink ? "_sink" : "") +
+             (c.kind == ref::TopkKind::Benchmark ? "_bench" : "_uniform") + "_ranks" + std::to_string(c.ranks);
+    });
+
+TEST(SeqparCpu, OneRankMatchesThePlainRunBitForBit) {
+  // One rank: the fp32 dkv rounded once on the host must be exactly the kernel's own bf16 dkv.
+  const Problem whole = cpu_problem(33, 16, 40, 32, true);
+  const ref::Inputs in = ref::make_inputs(33, 16, 40, 32, true, 3, ref::TopkKind::Uniform);
+  const Result one = one_rank(whole, in);
+  const Result split = seqpar_ranks(whole, in, 1);
+  EXPECT_TRUE(split.dq == one.dq);
+  EXPECT_TRUE(split.dkv == one.dkv);
+  EXPECT_TRUE(same_bits(split.d_sink, one.d_sink));
+}
+
+TEST(SeqparCpu, RejectsAPlanWithBf16Dkv) {
+  const Problem whole = cpu_problem(8, 16, 8, 32, false);
+  auto plan = runtime().plan(whole);  // not a rank problem: dkv_fp32 is false
+  auto group = std::make_shared<seqpar::HostGroup>(1);
+  seqpar::HostReducer red(group, 0);
+  try {
+    seqpar::backward(*plan, Tensors{}, nullptr, 0, nullptr, red);
+    FAIL() << "a bf16-dkv plan must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(e.message().find("dkv_fp32"), std::string::npos) << e.message();
+  }
+}
+
+// ---- NCCL
+
+TEST(Nccl, MissingLibraryIsAClearError) {
+  nccl::UniqueId id{};
+  try {
+    seqpar::NcclReducer red(id, 0, 1, 0, "/nonexistent/dir/libnccl.so.2");
+    FAIL() << "a missing NCCL must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NoBackend);
+    EXPECT_NE(e.message().find("libnccl.so.2"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("SMLA_LIBNCCL"), std::string::npos) << e.message();
+  }
+  auto missing = nccl::open_library("/nonexistent/dir/libnccl.so.2");
+  std::string why;
+  EXPECT_FALSE(nccl::available(*missing, &why));
+  EXPECT_THROW(nccl::unique_id(*missing), Error);
+}
+
+TEST(Nccl, NoCudaDriverIsAClearError) {
+  if (cuda::driver().ok) GTEST_SKIP() << "a CUDA driver is present: this checks the no-driver path";
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  try {
+    seqpar::NcclReducer red(nccl::UniqueId{}, 0, 1, 0);
+    FAIL() << "NCCL without a CUDA driver must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NoBackend);
+    EXPECT_NE(e.message().find("CUDA driver"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Nccl, MulticastIsForcedOff) {
+  const char* before = std::getenv("NCCL_NVLS_ENABLE");
+  const std::string saved = before ? before : "";
+  setenv("NCCL_NVLS_ENABLE", "1", 1);
+  nccl::disable_nvlink_multicast();
+  ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
+  EXPECT_STREQ(std::getenv("NCCL_NVLS_ENABLE"), "0");
+  unsetenv("NCCL_NVLS_ENABLE");
+  nccl::disable_nvlink_multicast();
+  ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
+  EXPECT_STREQ(std::getenv("NCCL_NVLS_ENABLE"), "0");
+  if (before) setenv("NCCL_NVLS_ENABLE", saved.c_str(), 1);  // leave it off anyway if it was unset
+}
+
+TEST(Nccl, OneRankOnOneGpuIsTheIdentity) {
+  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);  // makes device 0 current
+  std::vector<float> host(4099);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = std::cos(float(i)) * 3.0f;
+  cuda::DeviceBuffer buf(host.size() * 4);
+  buf.upload(host);
+  cuda::Stream s;
+  red.all_reduce_sum(static_cast<float*>(buf.get()), host.size(), s.get());
+  s.sync();
+  EXPECT_TRUE(same_bits(buf.download_vec<float>(host.size()), host));
+}
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,354 @@
+// test_warmup.cpp: smla-warmup without a GPU: the kernels it compiles are exactly those plan()
+// looks up (same keys), a second run compiles nothing, the directory serves as a system cache;
+// the T policy; --shape parsing and the tool's errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/kernel_cache.hpp"
+#include "runtime/cuda/kernels_cuda.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/env.hpp"
+#include "runtime/hip/hiprtc_compiler.hpp"
+#include "runtime/kernel_key.hpp"
+#include "runtime/planner.hpp"
+#include "runtime/sources.hpp"
+#include "runtime/tuning_db.hpp"
+#include "runtime/warmup.hpp"
+
+#if __has_include("runtime/hip/kernels_hip.hpp")
+#include "runtime/hip/kernels_hip.hpp"
+#define HAVE_HIP_KERNELS 1
+#else
+#define HAVE_HIP_KERNELS 0
+#endif
+
+namespace smla {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/smla-warmup-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct ToolRun {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs smla-warmup (built next to this test, in bin/) with an empty tuning database and a
+// private lock directory, so nothing of the user's environment leaks in.
+ToolRun warmup_tool(const std::string& args, const TempDir& scratch) {
+  const fs::path exe = fs::read_symlink("/proc/self/exe").parent_path() / "smla-warmup";
+  if (!fs::exists(exe)) {
+    ADD_FAILURE() << exe << " is missing: build the smla-warmup target";
+    return {};
+  }
+  const std::string o = scratch.path + "/stdout", e = scratch.path + "/stderr";
+  const std::string cmd = "env SMLA_TUNING_DB=" + scratch.path + "/no-tuning.json SMLA_CACHE_LOCK_DIR=" + scratch.path +
+                          "/locks " + exe.string() + " " + args + " >" + o + " 2>" + e;
+  const int st = std::system(cmd.c_str());
+  ToolRun r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(o);
+  r.err = slurp(e);
+  return r;
+}
+
+nlohmann::json json_of(const ToolRun& r) {
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "stdout is not one JSON object:\n" << r.out << "\nstderr:\n" << r.err;
+  return j;
+}
+
+Problem seed_problem() {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  return p;
+}
+
+// What plan() looks up for `p` on `target`, computed the way runtime.cpp does (heuristic shape,
+// order_steps, kernel_key_fields), independently of warm_kernels.
+std::vector<cache::KeyFields> plan_keys(const std::string& target, const Problem& p, const RtcCompiler& rtc,
+                                        const KernelsOf& kernels) {
+  KernelSources sources;
+  std::vector<cache::KeyFields> out;
+  std::set<std::string> seen;
+  for (const Step& st : order_steps(choose_shape(p, runtime_env().interm_budget), kernels)) {
+    if (st.spec.stem[0] == '@') continue;  // a library routine (rocPRIM on AMD), not compiled
+    cache::KeyFields f = kernel_key_fields(st.spec, sources, rtc, target, nullptr);
+    if (seen.insert(cache::make_key(f).entry_name()).second) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::set<std::string> names(const std::vector<cache::KeyFields>& fs) {
+  std::set<std::string> s;
+  for (const auto& f : fs) s.insert(cache::make_key(f).entry_name());
+  return s;
+}
+
+// The CI cycle for one target: dry run lists plan()'s keys; a run on an empty directory compiles
+// them; a second run compiles nothing; the directory as a system cache serves every key.
+void warm_cycle(const std::string& arch, const std::string& full_target, const RtcCompiler& rtc,
+                const KernelsOf& kernels) {
+  TempDir scratch;
+  const std::string out = scratch.path + "/aot";
+  const std::string args = "--arch " + arch + " --shape 4096,128,5120,512 --sink on -j 2 --json --out " + out;
+  const auto keys = plan_keys(full_target, seed_problem(), rtc, kernels);
+  ASSERT_GE(keys.size(), 5u);
+
+  const ToolRun dry = warmup_tool(args + " --dry-run", scratch);
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  std::set<std::string> listed;
+  const auto jd = json_of(dry);
+  for (const auto& k : jd["kernels"]) listed.insert(k["key"].get<std::string>());
+  EXPECT_EQ(listed, names(keys)) << "warm-up would compile other kernels than plan() looks up";
+  EXPECT_FALSE(fs::exists(out + "/entries")) << "a dry run wrote to the cache";
+
+  const ToolRun first = warmup_tool(args, scratch);
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  const auto j1 = json_of(first);
+  EXPECT_EQ(j1["failed"], 0) << first.out;
+  EXPECT_EQ(j1["compiled"].get<size_t>(), keys.size());
+  EXPECT_EQ(j1["cached"], 0);
+  EXPECT_GT(j1["seconds"].get<double>(), 0);
+
+  const ToolRun second = warmup_tool(args, scratch);
+  ASSERT_EQ(second.code, 0) << second.err;
+  const auto j2 = json_of(second);
+  EXPECT_EQ(j2["compiled"], 0) << "the second run compiled again";
+  EXPECT_EQ(j2["cached"], j1["compiled"]);
+  EXPECT_EQ(j2["failed"], 0);
+
+  // Another machine: an empty user cache, the warm-up output as the read-only system cache.
+  cache::Settings cs;
+  cs.dir = scratch.path + "/user";
+  cs.system_dir = out;
+  cs.lock_dir = scratch.path + "/locks";
+  cache::DiskCache disk(cs);
+  for (const auto& f : keys) {
+    const cache::Fetched got = disk.get_or_compile(f, [&]() -> cache::CompileOutput {
+      ADD_FAILURE() << f.kernel << " [" << f.shape_tag << "] was compiled: not served by the system cache";
+      return {};
+    });
+    EXPECT_EQ(got.origin, cache::Origin::SystemDisk) << f.kernel;
+    ASSERT_GT(got.binary.size(), 4u);
+    EXPECT_EQ(std::string(got.binary.begin(), got.binary.begin() + 4), "\x7f" "ELF") << f.kernel;
+  }
+  EXPECT_EQ(disk.stats().compiles, 0);
+  EXPECT_EQ(disk.stats().system_hits, int64_t(keys.size()));
+}
+
+TEST(Warmup, Sm90aCompilesThePlansKernelsOnceAndServesThemAsSystemCache) {
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
+  warm_cycle("sm_90a", "sm_90a", nvrtc, cuda_phase_kernels);
+}
+
+#if HAVE_HIP_KERNELS
+TEST(Warmup, Gfx90aCompilesThePlansKernelsOnceAndServesThemAsSystemCache) {
+  hip::HipRtcCompiler hiprtc;
+  std::string why;
+  if (!hiprtc.available(&why)) GTEST_SKIP() << "hipRTC cannot be loaded here: " << why;
+  const std::string target = "gfx90a:sramecc+:xnack-";
+  if (!hip::hip_target_known(target, &why)) GTEST_SKIP() << "this hipRTC does not compile gfx90a: " << why;
+  warm_cycle("gfx90a", target, hiprtc, [](Phase ph, const ShapeInfo& s) {
+    using namespace hip;
+    return hip_phase_kernels(ph, s);
+  });
+}
+#else
+TEST(Warmup, Gfx90aWithoutAmdKernelSourcesFailsClearly) {
+  TempDir scratch;
+  const ToolRun r = warmup_tool("--arch gfx90a --shape 4096,128,5120,512 --out " + scratch.path + "/aot", scratch);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no AMD kernel sources in this build"), std::string::npos) << r.out;
+  GTEST_SKIP() << "no AMD kernel sources in this build (runtime/hip/kernels_hip.hpp is missing): the gfx90a "
+                  "compile cycle is not tested; checked only that smla-warmup says so and fails";
+}
+#endif
+
+// T policy: a new T with everything else the same compiles nothing new, although the planner's
+// chunking differs; only a tuned config of another T bucket may change the kernel set.
+TEST(Warmup, TPolicyNewTReusesTheKernels) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path + "/aot";
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  auto keys_for = [&](int64_t T) {
+    Problem p = seed_problem();
+    p.T = T;
+    const WarmupResult r = warm_kernels({p}, {"sm_90a"}, o);
+    EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
+    std::set<std::string> s;
+    for (const auto& it : r.items) s.insert(it.entry);
+    return s;
+  };
+  const size_t budget = runtime_env().interm_budget;
+  Problem p1 = seed_problem(), p9 = seed_problem();
+  p1.T = 1000, p9.T = 9000;
+  ASSERT_NE(choose_shape(p1, budget).r_chunk, choose_shape(p9, budget).r_chunk) << "the test needs T to change the chunking";
+  const auto k1000 = keys_for(1000), k4096 = keys_for(4096), k9000 = keys_for(9000);
+  EXPECT_FALSE(k4096.empty());
+  EXPECT_EQ(k1000, k4096);
+  EXPECT_EQ(k9000, k4096);
+
+  // With a tuned config for the 4096 bucket: T = 3000 and 4096 share it, 9000 keeps the heuristic.
+  o.use_tuning_db = true;
+  o.tuning_db = scratch.path + "/tuning.json";
+  TuningDb db(o.tuning_db);
+  TuningEntry e;
+  e.config = TileConfig{32, 64, 0, 0, 0};
+  db.store("sm_90a", seed_problem(), e);
+  const auto t3000 = keys_for(3000), t4096 = keys_for(4096), t9000 = keys_for(9000);
+  EXPECT_EQ(t3000, t4096);
+  EXPECT_NE(t4096, k4096) << "the tuned config was not applied";
+  EXPECT_EQ(t9000, k9000);
+}
+
+TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path;
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  Problem a = seed_problem(), b = seed_problem(), bad = seed_problem();
+  b.T = 8192;
+  bad.H = 48;
+  const WarmupResult one = warm_kernels({a}, {"sm_90a"}, o);
+  const WarmupResult two = warm_kernels({a, b, bad}, {"sm_90a", "xyz"}, o);
+  EXPECT_EQ(two.items.size(), one.items.size());
+  EXPECT_EQ(two.failed, 2);  // H = 48 and the unknown target
+  ASSERT_EQ(two.errors.size(), 2u);
+  EXPECT_NE(two.errors[0].find("H = 48"), std::string::npos) << two.errors[0];  // targets in order: sm_90a first
+  EXPECT_NE(two.errors[1].find("unknown target 'xyz'"), std::string::npos) << two.errors[1];
+  for (const auto& it : one.items) EXPECT_EQ(it.state, WarmupItem::State::Planned);
+  // csr launches several entries from one translation unit: listed on one item.
+  bool csr = false;
+  for (const auto& it : one.items)
+    if (it.kernel == "csr") csr = it.entries.size() >= 3;
+  EXPECT_TRUE(csr);
+}
+
+TEST(ShapeSpec, NumbersRangesAndNames) {
+  auto ps = parse_shape_spec("4096,128,5120,512");
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0].T, 4096);
+  EXPECT_EQ(ps[0].H, 128);
+  EXPECT_EQ(ps[0].num_kv, 5120);
+  EXPECT_EQ(ps[0].topk, 512);
+  EXPECT_EQ(ps[0].r_chunk, 0);
+
+  ps = parse_shape_spec("T=4096:16384:4096,128,5120,512,128");
+  ASSERT_EQ(ps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ps[i].T, int64_t(4096 * (i + 1)));
+    EXPECT_EQ(ps[i].r_chunk, 128);
+  }
+  ps = parse_shape_spec("1024:8192:*2,H=64:128:64,NUM_KV=5120,TOPK=640");
+  ASSERT_EQ(ps.size(), 8u);  // T 1024..8192 (4) x H 64, 128
+  std::set<int64_t> Ts, Hs;
+  for (const auto& p : ps) Ts.insert(p.T), Hs.insert(p.H);
+  EXPECT_EQ(Ts, (std::set<int64_t>{1024, 2048, 4096, 8192}));
+  EXPECT_EQ(Hs, (std::set<int64_t>{64, 128}));
+  ps = parse_shape_spec("topk=512,t=10:12:1,h=16,num_kv=20");  // names in any order, any case
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[2].T, 12);
+  EXPECT_EQ(ps[2].topk, 512);
+}
+
+TEST(ShapeSpec, ErrorsSayWhatIsWrong) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"4096,128,5120", "TOPK is missing"},
+      {"4096,128,abc,512", "'abc' is not an integer"},
+      {"8192:4096:1024,128,5120,512", "goes down"},
+      {"4096:8192,128,5120,512", "A:B:STEP"},
+      {"4096:8192:0,128,5120,512", "step"},
+      {"1:8:*1,128,5120,512", "factor"},
+      {"X=1,128,5120,512", "unknown field name 'X'"},
+      {"T=1,T=2,128,5120", "T given twice"},
+      {"1,2,3,4,5,6", "6 fields"},
+      {"", "0 fields"},
+  };
+  for (const auto& [spec, why] : bad) {
+    try {
+      parse_shape_spec(spec);
+      ADD_FAILURE() << "'" << spec << "' was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(e.message().find(why), std::string::npos) << spec << ": " << e.message();
+      EXPECT_NE(e.message().find("T,H,NUM_KV,TOPK"), std::string::npos) << "no hint at the syntax";
+    }
+  }
+}
+
+TEST(ShapeSpec, JsonProblems) {
+  const auto ps = parse_problems_json(R"({"problems": [
+      {"T": "4096:8192:4096", "H": 128, "num_kv": 5120, "topk": 512, "sink": true, "lse_base2": true,
+       "lse_includes_sink": false, "r_chunk": 256},
+      {"T": 100, "H": 16, "num_kv": 200, "topk": 64, "check_indices": true, "dkv_fp32": true}]})");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[1].T, 8192);
+  EXPECT_TRUE(ps[1].has_sink && ps[1].lse.base2 && !ps[1].lse.includes_sink);
+  EXPECT_EQ(ps[1].r_chunk, 256);
+  EXPECT_FALSE(ps[2].has_sink);
+  EXPECT_TRUE(ps[2].check_indices && ps[2].dkv_fp32);
+  EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"topk\": 64}]"), Error);  // num_kv missing
+  EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"num_kv\": 5, \"topk\": 64, \"sink\": 1}]"), Error);
+  EXPECT_THROW(parse_problems_json("{not json"), Error);
+}
+
+TEST(WarmupTool, UsageErrors) {
+  TempDir scratch;
+  ToolRun r = warmup_tool("--arch sm_90a --shape 4096,128,x,512 --out " + scratch.path, scratch);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--shape '4096,128,x,512'"), std::string::npos) << r.err;
+
+  r = warmup_tool("--arch sm_90a --out " + scratch.path, scratch);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--shape"), std::string::npos) << r.err;
+
+  r = warmup_tool("--arch foo --shape 4096,128,5120,512 --dry-run --out " + scratch.path, scratch);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("unknown target 'foo'"), std::string::npos) << r.out;
+
+  r = warmup_tool("--help", scratch);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("A:B:STEP"), std::string::npos) << "--help does not document ranges";
+}
+
+TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {
+  TempDir scratch;
+  std::string why;
+  if (!present_targets(&why).empty()) GTEST_SKIP() << "a GPU is present: the default --arch comes from it";
+  const ToolRun r = warmup_tool("--shape 4096,128,5120,512 --out " + scratch.path, scratch);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--arch"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace smla

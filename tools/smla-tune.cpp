@@ -1,0 +1,384 @@
+// smla-tune: on the CUDA GPU present, tries the legal tile configs of each problem, checks each
+// against the float64 reference at the contract's bar on a small T (a fast wrong config never
+// wins), times the survivors at the real T with device events (warm-up, median), and stores the
+// winner in the tuning database. The planner's heuristic config is always a candidate, so the
+// stored config is never slower than it in the same run.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cache/kernel_cache.hpp"
+#include "runtime/bf16.hpp"
+#include "runtime/cuda/kernels_cuda.hpp"
+#include "runtime/env.hpp"
+#include "runtime/planner.hpp"
+#include "runtime/sources.hpp"
+#include "runtime/tuning_db.hpp"
+#include "runtime/warmup.hpp"
+#include "smla/smla.hpp"
+#include "tests/reference/reference.hpp"
+#include "tools/case_runner.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<std::string> shapes;
+  std::string json_file;
+  std::string sink = "on";
+  double max_seconds = 540;
+  int check_t = 257, warmup = 3, repeat = 10;
+  bool json = false, no_store = false;
+  std::string tuning_db;
+  uint64_t seed = 1;
+};
+
+struct Candidate {
+  smla::TileConfig cfg;      // what plan() is given (all zero for the heuristic)
+  smla::TileConfig resolved; // the tiles it resolves to (for the table and deduplication)
+  bool heuristic = false;
+  std::string state = "untried";  // untried | rejected | wrong | timed
+  std::string detail;
+  double ms = 0;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+long long define_of(const smla::KernelSpec& k, const char* name) {
+  for (const auto& d : k.defines)
+    if (d.first == name) return d.second;
+  return 0;
+}
+
+// The tiles a config resolves to on this problem, read off the kernels it would launch.
+smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, size_t budget) {
+  const smla::ShapeInfo s = smla::shape_with_config(p, &cfg, budget);
+  const smla::KernelSpec dq = smla::cuda_phase_kernels(smla::Phase::Dq, s).at(0);
+  const smla::KernelSpec dkv = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s).at(0);
+  smla::TileConfig r;
+  r.dq_block_h = int(define_of(dq, "BLOCK_H"));
+  r.dq_block_r = int(define_of(dq, "BLOCK_R"));
+  r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
+  r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
+  r.r_chunk = s.r_chunk;
+  return r;
+}
+
+std::string label(const smla::TileConfig& c) {
+  char b[96];
+  std::snprintf(b, sizeof(b), "dq %2dx%-3d dkv %3dx%-3d rc %lld", c.dq_block_h, c.dq_block_r, c.dkv_block_r,
+                c.dkv_block_d, (long long)c.r_chunk);
+  return b;
+}
+
+// Legal candidates: the grid of tiles x r_chunk (divisors of topk, multiples of 16, whose interm
+// buffer fits the budget at the top of p's T bucket, so the stored config is valid for every T
+// that looks it up), filtered by cuda_shape_supported. The heuristic comes first.
+std::vector<Candidate> candidates(const smla::Problem& p, size_t budget) {
+  std::vector<Candidate> out;
+  Candidate h;
+  h.heuristic = true;
+  h.resolved = resolve(p, h.cfg, budget);
+  out.push_back(h);
+  const double bucket_T = double(smla::pow2_bucket(p.T));
+  for (int64_t rc = 16; rc <= p.topk; rc += 16) {
+    if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
+    if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
+    for (int bh : {16, 32, 64})
+      for (int br : {32, 64})
+        for (int kr : {32, 64, 128})
+          for (int kd : {64, 128, 256}) {
+            Candidate c;
+            c.cfg = smla::TileConfig{bh, br, kr, kd, rc};
+            if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget), nullptr)) continue;
+            c.resolved = resolve(p, c.cfg, budget);
+            if (c.resolved == h.resolved) continue;  // the heuristic is already in
+            out.push_back(c);
+          }
+  }
+  return out;
+}
+
+// Timing inputs at the real T: random bf16 tensors and the benchmark top-k. o and lse need not
+// match (the check runs on the small problem), so the float64 forward is skipped here.
+smla::ref::Inputs timing_inputs(const smla::Problem& p, uint64_t seed) {
+  smla::ref::Inputs in;
+  in.T = int(p.T), in.H = int(p.H), in.num_kv = int(p.num_kv), in.topk_n = int(p.topk);
+  in.has_sink = p.has_sink;
+  in.scale = float(1.0 / std::sqrt(512.0));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  auto fill = [&](std::vector<uint16_t>& v, size_t n) {
+    v.resize(n);
+    for (auto& x : v) x = smla::float_to_bf16(nd(rng));
+  };
+  const size_t nq = size_t(p.T) * p.H * 512;
+  fill(in.q, nq);
+  fill(in.o, nq);
+  fill(in.dout, nq);
+  fill(in.kv, size_t(p.num_kv) * 512);
+  in.lse.assign(size_t(p.T) * p.H, float(std::log(double(p.topk))));
+  in.topk = smla::ref::benchmark_topk(int(p.T), int(p.num_kv), int(p.topk), seed);
+  if (p.has_sink) in.sink.assign(size_t(p.H), 0.f);
+  return in;
+}
+
+struct Checker {
+  smla::Problem p;
+  smla::ref::Inputs in;
+  smla::ref::Grads ref;
+  std::vector<float> lse;
+  std::unique_ptr<smla::tools::CaseRunner> runner;
+
+  // The problem at a small T with the same H, topk, sink, lse convention and num_kv/T ratio.
+  Checker(const smla::Problem& big, int check_t, uint64_t seed) : p(big) {
+    p.T = std::min<int64_t>(big.T, check_t);
+    p.num_kv = std::max<int64_t>(1, std::llround(double(big.num_kv) * double(p.T) / double(big.T)));
+    in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, seed,
+                                smla::ref::TopkKind::Benchmark);
+    ref = smla::ref::backward(in);
+    lse = smla::ref::lse_in_mode(in, p.lse.base2, !p.lse.includes_sink);
+    runner = std::make_unique<smla::tools::CaseRunner>(p, in, &lse);
+  }
+
+  // "" when dq, dkv and d_sink meet the bar; else what failed.
+  std::string check(smla::Runtime& rt, const smla::TileConfig& cfg) {
+    auto plan = rt.plan(p, cfg);
+    runner->poison_outputs();
+    plan->run(runner->tensors(), runner->workspace(plan->workspace_bytes()), plan->workspace_bytes(), runner->stream());
+    runner->sync();
+    const smla::tools::Outputs out = runner->read_outputs();
+    std::string bad;
+    auto one = [&](const char* name, const smla::ref::Compare& c) {
+      if (!smla::ref::meets_bar(c)) {
+        char b[160];
+        std::snprintf(b, sizeof(b), "%s rel_err %.2e cos %.6f%s%s; ", name, c.rel_err, c.cosine,
+                      c.finite ? "" : " non-finite", c.unwritten ? " unwritten" : "");
+        bad += b;
+      }
+    };
+    const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
+    one("dq", smla::ref::compare(ref.dq, out.dq.data(), nq));
+    if (p.dkv_fp32) one("dkv", smla::ref::compare(ref.dkv, out.dkv_f32.data(), nkv));
+    else one("dkv", smla::ref::compare(ref.dkv, out.dkv.data(), nkv));
+    if (p.has_sink) one("d_sink", smla::ref::compare(ref.d_sink, out.d_sink.data(), size_t(p.H)));
+    return bad;
+  }
+};
+
+double time_config(smla::Runtime& rt, const smla::Problem& p, const smla::TileConfig& cfg,
+                   smla::tools::CaseRunner& cr, const Options& o) {
+  auto plan = rt.plan(p, cfg);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  const size_t wsb = cr.workspace_size();
+  const auto s = static_cast<CUstream>(cr.stream());
+  for (int i = 0; i < o.warmup; ++i) plan->run(cr.tensors(), ws, wsb, s);
+  std::vector<double> ms;
+  for (int i = 0; i < o.repeat; ++i) {
+    smla::cuda::Event e0, e1;
+    e0.record(s);
+    plan->run(cr.tensors(), ws, wsb, s);
+    e1.record(s);
+    ms.push_back(e1.since(e0));
+  }
+  return median(ms);
+}
+
+nlohmann::json cfg_json(const smla::TileConfig& c) {
+  return {{"dq_block_h", c.dq_block_h}, {"dq_block_r", c.dq_block_r}, {"dkv_block_r", c.dkv_block_r},
+          {"dkv_block_d", c.dkv_block_d}, {"r_chunk", c.r_chunk}};
+}
+
+nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, const Options& o) {
+  const auto t0 = Clock::now();
+  const size_t budget = smla::runtime_env().interm_budget;
+  p.backend = smla::BackendKind::Cuda;
+  smla::validate_problem(p);
+  const std::string target = rt.plan(p, smla::TileConfig{})->info().target;
+  std::vector<Candidate> cands = candidates(p, budget);
+  std::fprintf(stderr, "smla-tune: T=%lld H=%lld num_kv=%lld topk=%lld%s on %s: %zu candidates\n", (long long)p.T,
+               (long long)p.H, (long long)p.num_kv, (long long)p.topk, p.has_sink ? " sink" : "", target.c_str(),
+               cands.size());
+
+  // Compile every candidate's kernels at once, in parallel, into the user cache plan() reads.
+  smla::WarmupOptions w;
+  w.out_dir = smla::cache::settings_from_env().dir;
+  w.interm_budget = budget;
+  for (const Candidate& c : cands) w.configs.push_back(c.cfg);
+  try {
+    const smla::WarmupResult wr = smla::warm_kernels({p}, {target}, w);
+    std::fprintf(stderr, "smla-tune: kernels compiled %d, cached %d, failed %d (%.1f s)\n", wr.compiled, wr.cached,
+                 wr.failed, wr.seconds);
+  } catch (const smla::Error& e) {  // e.g. an unwritable cache: plan() then compiles each one itself
+    std::fprintf(stderr, "smla-tune: no parallel precompile (%s)\n", e.message().c_str());
+  }
+
+  Checker checker(p, o.check_t, o.seed + 1);
+  const smla::ref::Inputs tin = timing_inputs(p, o.seed);
+  std::vector<float> tlse = tin.lse;
+  smla::tools::CaseRunner timer(p, tin, &tlse);
+  size_t tried = 0;
+  for (Candidate& c : cands) {
+    if (!c.heuristic && seconds_since(t0) > o.max_seconds) break;  // the heuristic is always measured
+    ++tried;
+    try {
+      const std::string bad = checker.check(rt, c.cfg);
+      if (!bad.empty()) {
+        c.state = "wrong";
+        c.detail = bad;
+      } else {
+        c.ms = time_config(rt, p, c.cfg, timer, o);
+        c.state = "timed";
+      }
+    } catch (const smla::Error& e) {
+      c.state = "rejected";
+      c.detail = e.message().substr(0, e.message().find('\n'));
+    }
+    std::fprintf(stderr, "[%zu/%zu] %s%s: %s %s\n", tried, cands.size(), label(c.resolved).c_str(),
+                 c.heuristic ? " (heuristic)" : "", c.state.c_str(),
+                 c.state == "timed" ? (std::to_string(c.ms) + " ms").c_str() : c.detail.c_str());
+  }
+
+  const Candidate& h = cands[0];
+  const Candidate* best = nullptr;
+  for (const Candidate& c : cands)
+    if (c.state == "timed" && (!best || c.ms < best->ms)) best = &c;
+  nlohmann::json j{{"T", p.T},       {"H", p.H},        {"num_kv", p.num_kv}, {"topk", p.topk},
+                   {"sink", p.has_sink}, {"target", target}, {"candidates", cands.size()}, {"tried", tried}};
+  j["wrong"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "wrong"; });
+  j["rejected"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "rejected"; });
+  j["heuristic"] = {{"config", cfg_json(h.resolved)}, {"state", h.state}, {"ms", h.ms}};
+  if (!best) {
+    j["error"] = "no candidate passed the check";
+  } else {
+    j["tuned"] = {{"config", cfg_json(best->resolved)}, {"ms", best->ms}, {"is_heuristic", best->heuristic}};
+    if (h.state == "timed") j["ratio"] = best->ms / h.ms;
+    if (!o.no_store && h.state == "timed") {
+      smla::TuningEntry e;
+      e.config = best->cfg;  // the heuristic is stored as all-zero: "the planner's choice"
+      e.ms = best->ms;
+      e.heuristic_ms = h.ms;
+      e.T_tuned = p.T;
+      e.num_kv_tuned = p.num_kv;
+      db.store(target, p, e);
+      j["stored"] = db.path();
+    }
+  }
+  j["seconds"] = seconds_since(t0);
+
+  if (!o.json) {
+    std::vector<const Candidate*> timed;
+    for (const Candidate& c : cands)
+      if (c.state == "timed") timed.push_back(&c);
+    std::sort(timed.begin(), timed.end(), [](const Candidate* a, const Candidate* b) { return a->ms < b->ms; });
+    std::printf("\n%-4s %-36s %10s\n", "rank", "config", "ms");
+    for (size_t i = 0; i < timed.size(); ++i)
+      if (i < 10 || timed[i]->heuristic)
+        std::printf("%-4zu %-36s %10.4f%s\n", i + 1, label(timed[i]->resolved).c_str(), timed[i]->ms,
+                    timed[i]->heuristic ? "  <- heuristic" : "");
+    if (best && h.state == "timed")
+      std::printf("tuned %.4f ms vs heuristic %.4f ms: ratio tuned/heuristic %.3f (%zu of %zu tried, %d wrong, %d "
+                  "rejected, %.0f s)%s\n",
+                  best->ms, h.ms, best->ms / h.ms, tried, cands.size(), int(j["wrong"]), int(j["rejected"]),
+                  double(j["seconds"]), o.no_store ? "" : (" -> " + db.path()).c_str());
+    else
+      std::printf("no tuned config: %s\n", best ? "the heuristic config could not be timed" : "no candidate passed the check");
+  }
+  return j;
+}
+
+std::vector<smla::Problem> gather(const Options& o) {
+  std::vector<smla::Problem> out;
+  for (const std::string& s : o.shapes)
+    for (smla::Problem p : smla::parse_shape_spec(s)) {
+      if (o.sink != "off") {
+        p.has_sink = true;
+        out.push_back(p);
+      }
+      if (o.sink != "on") {
+        p.has_sink = false;
+        out.push_back(p);
+      }
+    }
+  if (!o.json_file.empty()) {
+    std::ifstream in(o.json_file);
+    if (!in) throw smla::Error(smla::Status::InvalidArgument, "--json-file " + o.json_file + ": cannot be read");
+    std::stringstream buf;
+    buf << in.rdbuf();
+    for (const smla::Problem& p : smla::parse_problems_json(buf.str())) out.push_back(p);
+  }
+  if (out.empty()) out = smla::parse_shape_spec("4096,128,5120,512");  // the seed shape
+  return out;
+}
+
+int run(const Options& o) {
+  const std::vector<smla::Problem> problems = gather(o);
+  smla::Runtime rt;
+  if (rt.resolve(smla::BackendKind::Auto) != smla::BackendKind::Cuda) {
+    std::string why;
+    for (const auto& b : rt.backends())
+      if (b.name == "cuda") why = b.detail;
+    throw smla::Error(smla::Status::NoBackend, "needs a usable CUDA GPU (" + why + ")");
+  }
+  smla::TuningDb db(o.tuning_db, smla::tuning_runtime_version(smla::KernelSources()));
+  nlohmann::json all = nlohmann::json::array();
+  bool ok = true;
+  for (const smla::Problem& p : problems) {
+    nlohmann::json j = tune_one(rt, db, p, o);
+    ok = ok && !j.contains("error");
+    all.push_back(j);
+  }
+  if (o.json) std::printf("%s\n", nlohmann::json{{"problems", all}}.dump().c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"smla-tune: find the fastest correct tile config per problem on this GPU and store it in the tuning "
+               "database (the planner then uses it)"};
+  app.footer(
+      "Shapes as in smla-warmup: --shape T,H,NUM_KV,TOPK[,R_CHUNK], each field a number, A:B:STEP or A:B:*F\n"
+      "(default: the seed shape 4096,128,5120,512). Every candidate is first checked against the float64\n"
+      "reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed\n"
+      "at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
+      "~/.cache/smla/tuning.json; entries are keyed by target, H, topk, sink, lse convention and the\n"
+      "power-of-two buckets of T and num_kv.");
+  Options o;
+  app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
+  app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)");
+  app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default on)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
+  app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)");
+  app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")->check(CLI::Range(1, 4096));
+  app.add_option("--warmup", o.warmup, "untimed runs per candidate (default 3)");
+  app.add_option("--repeat", o.repeat, "timed runs per candidate, median taken (default 10)")->check(CLI::Range(1, 1000));
+  app.add_option("--tuning-db", o.tuning_db, "tuning database file");
+  app.add_flag("--no-store", o.no_store, "measure only; leave the database alone");
+  app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
+  app.add_option("--seed", o.seed, "random seed of the inputs");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const smla::Error& e) {
+    std::fprintf(stderr, "smla-tune: %s\n", e.message().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla-tune: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,178 @@
+// smla-warmup: compiles, ahead of time and without a GPU, every kernel the planner would launch
+// for a list of problems and targets, into a cache directory (the user cache by default; or a
+// directory to ship as SMLA_CACHE_SYSTEM_DIR or to export with smla-cache).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cache/kernel_cache.hpp"
+#include "runtime/warmup.hpp"
+#include "smla/smla.hpp"
+
+namespace {
+
+struct Options {
+  std::vector<std::string> shapes;
+  std::string json_file;
+  std::vector<std::string> archs;
+  int jobs = 0;
+  std::string out;
+  std::string sink = "both";
+  bool check_indices = false, dry_run = false, json = false, no_tuned = false;
+  std::string tuning_db;
+};
+
+const char* state_name(smla::WarmupItem::State s) {
+  switch (s) {
+    case smla::WarmupItem::State::Planned: return "planned";
+    case smla::WarmupItem::State::Compiled: return "compiled";
+    case smla::WarmupItem::State::Cached: return "cached";
+    case smla::WarmupItem::State::Failed: return "FAILED";
+  }
+  return "?";
+}
+
+std::vector<smla::Problem> gather_problems(const Options& o) {
+  std::vector<smla::Problem> out;
+  for (const std::string& s : o.shapes)
+    for (smla::Problem p : smla::parse_shape_spec(s)) {
+      p.check_indices = o.check_indices;
+      if (o.sink != "off") {
+        p.has_sink = true;
+        out.push_back(p);
+      }
+      if (o.sink != "on") {
+        p.has_sink = false;
+        out.push_back(p);
+      }
+    }
+  if (!o.json_file.empty()) {
+    std::ifstream in(o.json_file);
+    if (!in) throw smla::Error(smla::Status::InvalidArgument, "--json-file " + o.json_file + ": cannot be read");
+    std::stringstream buf;
+    buf << in.rdbuf();
+    for (const smla::Problem& p : smla::parse_problems_json(buf.str())) out.push_back(p);
+  }
+  if (out.empty())
+    throw smla::Error(smla::Status::InvalidArgument, "no problems: give --shape T,H,NUM_KV,TOPK (repeatable) or --json-file");
+  return out;
+}
+
+int run(const Options& o) {
+  smla::WarmupOptions w;
+  const std::vector<smla::Problem> problems = gather_problems(o);
+  std::vector<std::string> targets = o.archs;
+  if (targets.empty()) {
+    std::string why;
+    targets = smla::present_targets(&why);
+    if (targets.empty())
+      throw smla::Error(smla::Status::NoBackend,
+                        "no GPU here to take the targets from (" + why +
+                            "): name them with --arch, e.g. --arch sm_90a,gfx950");
+  }
+  w.out_dir = o.out.empty() ? smla::cache::settings_from_env().dir : o.out;
+  w.jobs = o.jobs;
+  w.dry_run = o.dry_run;
+  w.use_tuning_db = !o.no_tuned;
+  w.tuning_db = o.tuning_db;
+  const bool tty = isatty(fileno(stderr));
+  w.progress = [&](const smla::WarmupItem& it, size_t done, size_t total) {
+    if (tty) {
+      const int width = 30, fill = int(width * done / (total ? total : 1));
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu %-10s %-12s", std::string(fill, '#').c_str(),
+                   std::string(width - fill, '.').c_str(), done, total, state_name(it.state), it.kernel.c_str());
+      if (done == total) std::fprintf(stderr, "\n");
+    } else {
+      std::fprintf(stderr, "[%zu/%zu] %s %s [%s] for %s (%.2f s)%s%s\n", done, total, state_name(it.state),
+                   it.kernel.c_str(), it.tag.c_str(), it.target.c_str(), it.seconds, it.error.empty() ? "" : ": ",
+                   it.error.c_str());
+    }
+    std::fflush(stderr);
+  };
+  const smla::WarmupResult r = smla::warm_kernels(problems, targets, w);
+
+  if (o.json) {
+    nlohmann::json j;
+    j["compiled"] = r.compiled, j["cached"] = r.cached, j["failed"] = r.failed, j["seconds"] = r.seconds;
+    j["out"] = w.out_dir;
+    j["targets"] = targets;
+    j["problems"] = problems.size();
+    j["errors"] = nlohmann::json::array();
+    for (const auto& e : r.errors) j["errors"].push_back(e);
+    j["kernels"] = nlohmann::json::array();
+    for (const auto& it : r.items) {
+      nlohmann::json k{{"target", it.target}, {"kernel", it.kernel}, {"tag", it.tag}, {"key", it.entry},
+                       {"entries", it.entries}, {"state", state_name(it.state)}};
+      if (!it.error.empty()) k["error"] = it.error;
+      j["kernels"].push_back(k);
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    if (o.dry_run) {
+      std::printf("%-24s %-12s %s\n", "target", "kernel", "cache entry (entry points)");
+      for (const auto& it : r.items) {
+        std::string entries;
+        for (const auto& e : it.entries) entries += (entries.empty() ? "" : " ") + e;
+        std::printf("%-24s %-12s %s (%s)\n", it.target.c_str(), it.kernel.c_str(), it.entry.c_str(), entries.c_str());
+      }
+    }
+    for (const auto& it : r.items)
+      if (it.state == smla::WarmupItem::State::Failed)
+        std::printf("failed: %s [%s] for %s: %s\n", it.kernel.c_str(), it.tag.c_str(), it.target.c_str(), it.error.c_str());
+    for (const auto& e : r.errors) std::printf("failed: %s\n", e.c_str());
+    std::printf("%s%zu problem(s) x %zu target(s): %zu distinct kernel(s); compiled %d, already cached %d, failed %d "
+                "in %.1f s -> %s\n",
+                o.dry_run ? "dry run: " : "", problems.size(), targets.size(), r.items.size(), r.compiled, r.cached,
+                r.failed, r.seconds, w.out_dir.c_str());
+  }
+  return r.failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"smla-warmup: compile ahead of time every kernel the planner would launch for the given problems "
+               "and targets (no GPU needed)"};
+  app.footer(
+      "Shapes: --shape T,H,NUM_KV,TOPK[,R_CHUNK], repeatable. Each field is a number, a range A:B:STEP\n"
+      "(A, A+STEP, ... up to B) or A:B:*F (A, A*F, ... up to B), optionally prefixed NAME= (T, H, NUM_KV,\n"
+      "TOPK, R_CHUNK) to give fields in any order; ranges multiply out. Examples:\n"
+      "  --shape 4096,128,5120,512\n"
+      "  --shape T=4096:16384:4096,H=128,NUM_KV=5120,TOPK=512\n"
+      "  --shape 1024:32768:*2,64,5120,640\n"
+      "JSON (--json-file): [{\"T\": 4096 or \"4096:16384:4096\", \"H\": 128, \"num_kv\": 5120, \"topk\": 512,\n"
+      "  \"r_chunk\": 0, \"sink\": true, \"lse_base2\": false, \"lse_includes_sink\": true,\n"
+      "  \"check_indices\": false, \"dkv_fp32\": false}, ...] (sink defaults to false there).\n"
+      "A new T reuses every kernel (no T is compiled in); only a tuned config (smla-tune) can differ\n"
+      "between T buckets (powers of two), and warm-up applies tuned configs as plan() does.\n"
+      "Exit status: 0 when nothing failed, 1 when a kernel or problem failed, 2 on usage errors.");
+  Options o;
+  app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
+  app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)");
+  app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present)")
+      ->delimiter(',');
+  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)");
+  app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR or ~/.cache/smla)");
+  app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
+  app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
+  app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys without compiling");
+  app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
+  app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
+  app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB or ~/.cache/smla/tuning.json)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const smla::Error& e) {
+    std::fprintf(stderr, "smla-warmup: %s\n", e.message().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla-warmup: %s\n", e.what());
+    return 2;
+  }
+}
