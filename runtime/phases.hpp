@@ -50,4 +50,30 @@ struct KernelSpec {
   int pass = 0;             // copied into SmlaParams::pass (radix-sort passes of csr)
 };
 
+// ---- helpers for the backend families' spec tables (runtime/cuda, runtime/hip)
+
+inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+/// A launch spec from its parts (a one-dimensional block of `threads`).
+inline KernelSpec make_spec(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
+                            Dim3 grid, unsigned threads, unsigned smem = 0, int pass = 0) {
+  KernelSpec k;
+  k.stem = stem;
+  k.entry = entry;
+  k.defines = std::move(defines);
+  k.grid = grid;
+  k.block.x = threads;
+  k.smem_bytes = smem;
+  k.pass = pass;
+  return k;
+}
+
+/// A grid of (x, y), x at least 1 (an empty launch is still a valid launch).
+inline Dim3 grid_xy(unsigned x, unsigned y = 1) {
+  Dim3 g;
+  g.x = x > 1 ? x : 1;
+  g.y = y;
+  return g;
+}
+
 }  // namespace smla

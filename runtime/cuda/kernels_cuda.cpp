@@ -53,28 +53,6 @@ unsigned dq_smem_bytes(int block_h, int block_r) {
          smla_dq_flag_bytes(block_r);
 }
 
-unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
-
-KernelSpec make(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
-                Dim3 grid, unsigned threads, unsigned smem = 0, int pass = 0) {
-  KernelSpec k;
-  k.stem = stem;
-  k.entry = entry;
-  k.defines = std::move(defines);
-  k.grid = grid;
-  k.block.x = threads;
-  k.smem_bytes = smem;
-  k.pass = pass;
-  return k;
-}
-
-Dim3 grid1(unsigned x, unsigned y = 1) {
-  Dim3 g;
-  g.x = std::max(1u, x);
-  g.y = y;
-  return g;
-}
-
 }  // namespace
 
 bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
@@ -130,24 +108,24 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
       // grid-stride scan; 8 slots per thread is enough work per block, 4096 blocks fill any GPU
       const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
-      return {make("check_topk", "smla_check_topk_init", d, grid1(1), 32),
-              make("check_topk", "smla_check_topk_scan", d, grid1(blocks), kSmallThreads),
-              make("check_topk", "smla_check_topk_final", d, grid1(1), 32)};
+      return {make_spec("check_topk", "smla_check_topk_init", d, grid_xy(1), 32),
+              make_spec("check_topk", "smla_check_topk_scan", d, grid_xy(blocks), kSmallThreads),
+              make_spec("check_topk", "smla_check_topk_final", d, grid_xy(1), 32)};
     }
     case Phase::Delta:
-      return {make("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid1(ceil_div(rows, 8)), 8 * 32)};
+      return {make_spec("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid_xy(ceil_div(rows, 8)), 8 * 32)};
     case Phase::Dq:
-      return {make("dq", "smla_dq",
+      return {make_spec("dq", "smla_dq",
                    {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}},
-                   grid1(s.T, s.H / t.dq_block_h), t.dq_warps * 32, dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
+                   grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32, dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
     case Phase::DkvInterm:
-      return {make("dkv_interm", "smla_dkv_interm",
+      return {make_spec("dkv_interm", "smla_dkv_interm",
                    {{"HEADS", s.H},
                     {"BLOCK_R", t.dkv_block_r},
                     {"BLOCK_D", t.dkv_block_d},
                     {"NUM_WARPS", t.dkv_warps},
                     {"WARPS_M", t.dkv_warps_m}},
-                   grid1(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
+                   grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
                    smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d))};
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
@@ -156,21 +134,21 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
                                                              {"CSR_SCAN_THREADS", kScanThreads}};
       std::vector<KernelSpec> v;
       for (int pass = 0; pass < s.radix_passes; ++pass) {
-        v.push_back(make("csr", "smla_csr_hist", d, grid1(s.csr_tiles), kSmallThreads, 0, pass));
-        v.push_back(make("csr", "smla_csr_scan", d, grid1(1), kScanThreads, 0, pass));
-        v.push_back(make("csr", "smla_csr_scatter", d, grid1(s.csr_tiles), kSmallThreads, 0, pass));
+        v.push_back(make_spec("csr", "smla_csr_hist", d, grid_xy(s.csr_tiles), kSmallThreads, 0, pass));
+        v.push_back(make_spec("csr", "smla_csr_scan", d, grid_xy(1), kScanThreads, 0, pass));
+        v.push_back(make_spec("csr", "smla_csr_scatter", d, grid_xy(s.csr_tiles), kSmallThreads, 0, pass));
       }
       // positions 0..n inclusive: n + 1 threads
-      v.push_back(make("csr", "smla_csr_rowptr", d,
-                       grid1(ceil_div(static_cast<long long>(s.T) * s.r_chunk + 1, kSmallThreads)), kSmallThreads, 0,
+      v.push_back(make_spec("csr", "smla_csr_rowptr", d,
+                       grid_xy(ceil_div(static_cast<long long>(s.T) * s.r_chunk + 1, kSmallThreads)), kSmallThreads, 0,
                        s.radix_passes - 1));
       return v;
     }
     case Phase::Gather:
       // one block of 128 threads (4 columns each) per kv row; 16 contributors in flight per round
-      return {make("gather", "smla_gather", {{"UNROLL", 16}}, grid1(static_cast<unsigned>(s.num_kv)), SMLA_D / 4)};
+      return {make_spec("gather", "smla_gather", {{"UNROLL", 16}}, grid_xy(static_cast<unsigned>(s.num_kv)), SMLA_D / 4)};
     case Phase::DSink:
-      return {make("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid1(s.H), kSmallThreads)};
+      return {make_spec("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid_xy(s.H), kSmallThreads)};
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
 }

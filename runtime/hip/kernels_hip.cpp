@@ -38,28 +38,6 @@ Tiles tiles_of(const ShapeInfo& s) {
   return t;
 }
 
-unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
-
-KernelSpec make(const char* stem, const char* entry, std::vector<std::pair<std::string, long long>> defines,
-                Dim3 grid, unsigned threads, unsigned smem = 0, int pass = 0) {
-  KernelSpec k;
-  k.stem = stem;
-  k.entry = entry;
-  k.defines = std::move(defines);
-  k.grid = grid;
-  k.block.x = threads;
-  k.smem_bytes = smem;
-  k.pass = pass;
-  return k;
-}
-
-Dim3 grid1(unsigned x, unsigned y = 1) {
-  Dim3 g;
-  g.x = std::max(1u, x);
-  g.y = y;
-  return g;
-}
-
 }  // namespace
 
 bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
@@ -108,33 +86,33 @@ std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
     case Phase::CheckTopk: {
       const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
       const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
-      return {make("check_topk", "smla_check_topk_init", d, grid1(1), kWave),
-              make("check_topk", "smla_check_topk_scan", d, grid1(blocks), kSmallThreads),
-              make("check_topk", "smla_check_topk_final", d, grid1(1), kWave)};
+      return {make_spec("check_topk", "smla_check_topk_init", d, grid_xy(1), kWave),
+              make_spec("check_topk", "smla_check_topk_scan", d, grid_xy(blocks), kSmallThreads),
+              make_spec("check_topk", "smla_check_topk_final", d, grid_xy(1), kWave)};
     }
     case Phase::Delta:  // 8 rows of 32 lanes per block: 4 wavefronts
-      return {make("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid1(ceil_div(rows, 8)), 8 * 32)};
+      return {make_spec("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid_xy(ceil_div(rows, 8)), 8 * 32)};
     case Phase::Dq: {
       const unsigned waves = (t.dq_block_h / 16) * (t.dq_block_r / 16);
-      return {make("dq", "smla_dq", {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}},
-                   grid1(s.T, s.H / t.dq_block_h), waves * kWave, smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r))};
+      return {make_spec("dq", "smla_dq", {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}},
+                   grid_xy(s.T, s.H / t.dq_block_h), waves * kWave, smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r))};
     }
     case Phase::DkvInterm:
-      return {make("dkv_interm", "smla_dkv_interm",
+      return {make_spec("dkv_interm", "smla_dkv_interm",
                    {{"HEADS", s.H}, {"BLOCK_D", t.dkv_block_d}, {"BLOCK_R", t.dkv_block_r}, {"NUM_WAVES", kDkvWaves}},
-                   grid1(s.T, SMLA_D / t.dkv_block_d), kDkvWaves * kWave, smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d))};
+                   grid_xy(s.T, SMLA_D / t.dkv_block_d), kDkvWaves * kWave, smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d))};
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_THREADS", kSmallThreads}};
       KernelSpec sort;
       sort.stem = kRocprimStem;
       sort.entry = "radix_sort_pairs";  // geometry is rocPRIM's own
-      return {make("csr", "smla_csr_keys", d, grid1(ceil_div(items, kSmallThreads)), kSmallThreads), sort,
-              make("csr", "smla_csr_rowptr", d, grid1(ceil_div(items + 1, kSmallThreads)), kSmallThreads)};
+      return {make_spec("csr", "smla_csr_keys", d, grid_xy(ceil_div(items, kSmallThreads)), kSmallThreads), sort,
+              make_spec("csr", "smla_csr_rowptr", d, grid_xy(ceil_div(items + 1, kSmallThreads)), kSmallThreads)};
     }
     case Phase::Gather:
-      return {make("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid1(ceil_div(s.num_kv, 8)), 8 * 32)};
+      return {make_spec("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid_xy(ceil_div(s.num_kv, 8)), 8 * 32)};
     case Phase::DSink:
-      return {make("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid1(s.H), kSmallThreads)};
+      return {make_spec("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid_xy(s.H), kSmallThreads)};
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "hip_phase_kernels");
 }
