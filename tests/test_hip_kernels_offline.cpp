@@ -18,25 +18,13 @@
 #include "runtime/hip/hiprtc_compiler.hpp"
 #include "runtime/hip/kernels_hip.hpp"
 #include "runtime/planner.hpp"
+#include "tests/planner_shapes.hpp"
 #include "runtime/sources.hpp"
 
 namespace smla {
 namespace {
 
-// The shapes the planner serves: every supported H and the DSv4 top-k values, over T and num_kv
-// wide enough to reach every default chunking and radix geometry, with sink and index check.
-std::vector<ShapeInfo> planner_shapes() {
-  std::vector<ShapeInfo> out;
-  for (int64_t H : {16, 32, 64, 128})
-    for (int64_t topk : {64, 160, 512, 640, 1024, 1152})
-      for (int64_t T : {1, 4096, 32768})
-        for (int64_t num_kv : {200, 5120, 70000}) {
-          Problem p;
-          p.T = T, p.H = H, p.topk = topk, p.num_kv = num_kv, p.has_sink = true, p.check_indices = true;
-          out.push_back(choose_shape(p, runtime_env().interm_budget));
-        }
-  return out;
-}
+using test::planner_shapes;
 
 // One translation unit per (stem, defines): the entries of a stem share it, as in the cache.
 struct Unit {

@@ -13,25 +13,13 @@
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/env.hpp"
 #include "runtime/planner.hpp"
+#include "tests/planner_shapes.hpp"
 #include "runtime/sources.hpp"
 
 namespace smla {
 namespace {
 
-// The shapes the planner serves: every supported H and the DSv4 top-k values, over a range of T
-// wide enough to reach every default chunking, with and without the opt-in index check.
-std::vector<ShapeInfo> planner_shapes() {
-  std::vector<ShapeInfo> out;
-  for (int64_t H : {16, 32, 64, 128})
-    for (int64_t topk : {64, 160, 512, 640, 1024, 1152})
-      for (int64_t T : {1, 4096, 8192, 16384, 32768})
-        for (int64_t num_kv : {200, 5120, 70000}) {
-          Problem p;
-          p.T = T, p.H = H, p.topk = topk, p.num_kv = num_kv, p.has_sink = true, p.check_indices = true;
-          out.push_back(choose_shape(p, runtime_env().interm_budget));
-        }
-  return out;
-}
+using test::planner_shapes;
 
 bool has_symbol(const std::vector<uint8_t>& bin, const std::string& name) {
   const std::string hay(bin.begin(), bin.end());
