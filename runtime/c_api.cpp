@@ -99,6 +99,9 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
     x.dq_stride_t = t->dq_stride_t, x.dq_stride_h = t->dq_stride_h, x.kv_stride = t->kv_stride;
     x.dkv_stride = t->dkv_stride, x.lse_stride_t = t->lse_stride_t, x.lse_stride_h = t->lse_stride_h;
     x.topk_stride = t->topk_stride;
+    auto d = [](smla_dtype_t v) { return static_cast<smla::DType>(v); };
+    x.dtypes = {d(t->q_dtype),    d(t->kv_dtype),        d(t->o_dtype),  d(t->dout_dtype), d(t->lse_dtype),
+                d(t->topk_dtype), d(t->attn_sink_dtype), d(t->dq_dtype), d(t->dkv_dtype),  d(t->d_sink_dtype)};
     plan->plan->run(x, workspace, workspace_bytes, stream);
   });
 }

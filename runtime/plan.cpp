@@ -37,12 +37,41 @@ int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multi
   return s;
 }
 
+void check_dtype(DType given, DType expected, const char* name) {
+  if (given != DType::Unspecified && given != expected)
+    arg_error(std::string(name) + " dtype", std::string(dtype_name(expected)) + " (got " + dtype_name(given) + ")");
+}
+
 }  // namespace
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::Unspecified: return "unspecified";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    case DType::F32: return "f32";
+    case DType::I32: return "i32";
+    case DType::I64: return "i64";
+    case DType::F64: return "f64";
+  }
+  return "unknown";
+}
 
 SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t workspace_size) const {
   const Backend& be = *backend_;
   const Problem& p = problem_;
   const int64_t H = p.H, D = 512;
+  const TensorDTypes& dt = t.dtypes;
+  check_dtype(dt.q, DType::BF16, "q");
+  check_dtype(dt.kv, DType::BF16, "kv");
+  check_dtype(dt.o, DType::BF16, "o");
+  check_dtype(dt.dout, DType::BF16, "dout");
+  check_dtype(dt.lse, DType::F32, "lse");
+  check_dtype(dt.topk, DType::I32, "topk");
+  check_dtype(dt.attn_sink, DType::F32, "attn_sink");
+  check_dtype(dt.dq, DType::BF16, "dq");
+  check_dtype(dt.dkv, p.dkv_fp32 ? DType::F32 : DType::BF16, "dkv");
+  check_dtype(dt.d_sink, DType::F32, "d_sink");
   // bf16 rows are read 16 bytes at a time: 16-byte aligned bases, strides a multiple of 8.
   check_ptr(be, t.q, "q", 16);
   check_ptr(be, t.kv, "kv", 16);

@@ -55,6 +55,9 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = 100; }, "q_stride_h");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.topk_stride = 10; }, "topk_stride");
     expect_bad_run(b, [](Tensors&, size_t& ws) { ws = ws / 2; }, "workspace", Status::WorkspaceTooSmall);
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.q = DType::F16; }, "Tensors::q dtype: expected bf16 (got f16)");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.topk = DType::I64; }, "Tensors::topk dtype: expected i32");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.lse = DType::BF16; }, "Tensors::lse dtype: expected f32");
   }
 }
 
@@ -224,6 +227,10 @@ TEST(CApi, ReportsStatusAndMessage) {
   void* ws = cr.workspace(ws_bytes);
   cr.poison_outputs();
   EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes - 1, nullptr), SMLA_WORKSPACE_TOO_SMALL);
+  ct.kv_dtype = SMLA_DTYPE_F32;
+  EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("kv dtype"), std::string::npos) << smla_last_error();
+  ct.kv_dtype = SMLA_DTYPE_BF16;
   ASSERT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
   const ref::Grads g = ref::backward(in);
   const tools::Outputs out = cr.read_outputs();

@@ -44,6 +44,12 @@ typedef struct {
   int device;
 } smla_problem_t;
 
+/* Element types, optional: 0 (unspecified) is not checked; others must match what the op needs. */
+typedef enum {
+  SMLA_DTYPE_UNSPECIFIED = 0, SMLA_DTYPE_BF16 = 1, SMLA_DTYPE_F16 = 2, SMLA_DTYPE_F32 = 3,
+  SMLA_DTYPE_I32 = 4, SMLA_DTYPE_I64 = 5, SMLA_DTYPE_F64 = 6
+} smla_dtype_t;
+
 typedef struct {
   const void *q, *kv, *o, *dout; /* bf16 */
   const float* lse;
@@ -53,6 +59,8 @@ typedef struct {
   float* d_sink;
   int64_t q_stride_t, q_stride_h, o_stride_t, o_stride_h, do_stride_t, do_stride_h, dq_stride_t, dq_stride_h;
   int64_t kv_stride, dkv_stride, lse_stride_t, lse_stride_h, topk_stride; /* 0: packed */
+  smla_dtype_t q_dtype, kv_dtype, o_dtype, dout_dtype, lse_dtype, topk_dtype, attn_sink_dtype, dq_dtype,
+      dkv_dtype, d_sink_dtype;
 } smla_tensors_t;
 
 typedef struct smla_runtime smla_runtime_t;

@@ -80,6 +80,17 @@ struct Problem {
   int device = 0;
 };
 
+/// Element types, for callers that hold typed tensors (frameworks): run() checks each given one
+/// against what the op needs and names the argument when it differs. Unspecified: not checked.
+enum class DType : int { Unspecified = 0, BF16 = 1, F16 = 2, F32 = 3, I32 = 4, I64 = 5, F64 = 6 };
+const char* dtype_name(DType d);
+
+struct TensorDTypes {
+  DType q = DType::Unspecified, kv = DType::Unspecified, o = DType::Unspecified, dout = DType::Unspecified;
+  DType lse = DType::Unspecified, topk = DType::Unspecified, attn_sink = DType::Unspecified;
+  DType dq = DType::Unspecified, dkv = DType::Unspecified, d_sink = DType::Unspecified;
+};
+
 /// Device (or, for the CPU backend, host) pointers plus strides in elements. The last dimension
 /// (D = 512) must be contiguous. A stride of 0 means "packed" (the contiguous default).
 struct Tensors {
@@ -100,6 +111,7 @@ struct Tensors {
   int64_t kv_stride = 0, dkv_stride = 0;
   int64_t lse_stride_t = 0, lse_stride_h = 0;
   int64_t topk_stride = 0;
+  TensorDTypes dtypes;  ///< optional: the caller's element types, checked by run()
 };
 
 /// The first out-of-range index found by an opt-in check.
