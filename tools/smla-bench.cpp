@@ -165,9 +165,10 @@ int run(const Options& o) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s: %.3f ms, %.3g TFLOP/s "
-                "(median of %d; plan %.1f ms, %d compiled, %d from disk; second plan %.2f ms)\n",
+                "(median of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan %.2f ms)\n",
                 info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
-                (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", ms, tflops, repeat, plan_ms,
+                (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", ms, tflops, repeat,
+                info.config_source.c_str(), plan_ms,
                 info.compiled, info.loaded_from_disk, plan2_ms);
   }
   return pass ? 0 : 1;

@@ -2,6 +2,7 @@
 // constants and geometry. Shared-memory sizes come from the layout functions in common.cuh, the
 // same ones the kernels carve their shared memory with.
 #include "kernels_cuda.hpp"
+#include "../shared_specs.hpp"
 
 #include <algorithm>
 #include <set>
@@ -102,18 +103,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
     throw Error(Status::Unsupported, "shape not supported by the CUDA kernels: " + why, __FILE__, __LINE__,
                 "cuda_phase_kernels");
   const Tiles t = tiles_of(s);
-  const long long rows = static_cast<long long>(s.T) * s.H;
+  if (is_shared_phase(phase)) return shared_phase_kernels(phase, s, 32);
   switch (phase) {
-    case Phase::CheckTopk: {
-      const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
-      // grid-stride scan; 8 slots per thread is enough work per block, 4096 blocks fill any GPU
-      const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
-      return {make_spec("check_topk", "smla_check_topk_init", d, grid_xy(1), 32),
-              make_spec("check_topk", "smla_check_topk_scan", d, grid_xy(blocks), kSmallThreads),
-              make_spec("check_topk", "smla_check_topk_final", d, grid_xy(1), 32)};
-    }
-    case Phase::Delta:
-      return {make_spec("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid_xy(ceil_div(rows, 8)), 8 * 32)};
     case Phase::Dq:
       return {make_spec("dq", "smla_dq",
                    {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}},
@@ -144,11 +135,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
                        s.radix_passes - 1));
       return v;
     }
-    case Phase::Gather:
-      // one block of 128 threads (4 columns each) per kv row; 16 contributors in flight per round
-      return {make_spec("gather", "smla_gather", {{"UNROLL", 16}}, grid_xy(static_cast<unsigned>(s.num_kv)), SMLA_D / 4)};
-    case Phase::DSink:
-      return {make_spec("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid_xy(s.H), kSmallThreads)};
+    default:
+      break;
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
 }

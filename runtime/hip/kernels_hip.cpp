@@ -4,6 +4,7 @@
 // AMD-specific (dq, dkv_interm) and in the CUDA kernels' 32-lane "warps" where the body is
 // shared (delta, gather, check_topk, d_sink: a wavefront runs two of them).
 #include "kernels_hip.hpp"
+#include "../shared_specs.hpp"
 
 #include <algorithm>
 #include <set>
@@ -80,18 +81,9 @@ std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
     throw Error(Status::Unsupported, "shape not supported by the HIP kernels: " + why, __FILE__, __LINE__,
                 "hip_phase_kernels");
   const Tiles t = tiles_of(s);
-  const long long rows = static_cast<long long>(s.T) * s.H;
   const long long items = static_cast<long long>(s.T) * s.r_chunk;
+  if (is_shared_phase(phase)) return shared_phase_kernels(phase, s, kWave);
   switch (phase) {
-    case Phase::CheckTopk: {
-      const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
-      const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
-      return {make_spec("check_topk", "smla_check_topk_init", d, grid_xy(1), kWave),
-              make_spec("check_topk", "smla_check_topk_scan", d, grid_xy(blocks), kSmallThreads),
-              make_spec("check_topk", "smla_check_topk_final", d, grid_xy(1), kWave)};
-    }
-    case Phase::Delta:  // 8 rows of 32 lanes per block: 4 wavefronts
-      return {make_spec("delta", "smla_delta", {{"NUM_WARPS", 8}}, grid_xy(ceil_div(rows, 8)), 8 * 32)};
     case Phase::Dq: {
       const unsigned waves = (t.dq_block_h / 16) * (t.dq_block_r / 16);
       return {make_spec("dq", "smla_dq", {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}},
@@ -109,10 +101,8 @@ std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
       return {make_spec("csr", "smla_csr_keys", d, grid_xy(ceil_div(items, kSmallThreads)), kSmallThreads), sort,
               make_spec("csr", "smla_csr_rowptr", d, grid_xy(ceil_div(items + 1, kSmallThreads)), kSmallThreads)};
     }
-    case Phase::Gather:
-      return {make_spec("gather", "smla_gather", {{"NUM_WARPS", 8}, {"UNROLL", 4}}, grid_xy(ceil_div(s.num_kv, 8)), 8 * 32)};
-    case Phase::DSink:
-      return {make_spec("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid_xy(s.H), kSmallThreads)};
+    default:
+      break;
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "hip_phase_kernels");
 }

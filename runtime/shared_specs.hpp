@@ -1,0 +1,45 @@
+// shared_specs.hpp: launch specs of the phases whose kernel body is one source for every GPU
+// family (check_topk, delta, gather, d_sink: kernel_src/<stem>.cu, included by <stem>.hip). One
+// body, one geometry: the specs live here so the families cannot drift apart.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "phases.hpp"
+#include "../kernel_src/smla_params.h"
+
+namespace smla {
+
+/// True for the phases this header describes.
+inline bool is_shared_phase(Phase p) {
+  return p == Phase::CheckTopk || p == Phase::Delta || p == Phase::Gather || p == Phase::DSink;
+}
+
+/// `lane_group`: the smallest block a family launches for the single-thread steps (32 on CUDA,
+/// a 64-lane wavefront on AMD).
+inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo& s, unsigned lane_group) {
+  constexpr unsigned kSmallThreads = 256;  // block size of the memory-bound kernels
+  switch (phase) {
+    case Phase::CheckTopk: {
+      const std::vector<std::pair<std::string, long long>> d{{"NUM_THREADS", kSmallThreads}};
+      // grid-stride scan; 8 slots per thread is enough work per block, 4096 blocks fill any GPU
+      const unsigned blocks = std::min(4096u, ceil_div(static_cast<long long>(s.T) * s.topk, kSmallThreads * 8LL));
+      return {make_spec("check_topk", "smla_check_topk_init", d, grid_xy(1), lane_group),
+              make_spec("check_topk", "smla_check_topk_scan", d, grid_xy(blocks), kSmallThreads),
+              make_spec("check_topk", "smla_check_topk_final", d, grid_xy(1), lane_group)};
+    }
+    case Phase::Delta:  // 8 rows of 32 lanes per block
+      return {make_spec("delta", "smla_delta", {{"NUM_WARPS", 8}},
+                        grid_xy(ceil_div(static_cast<long long>(s.T) * s.H, 8)), 8 * 32)};
+    case Phase::Gather:
+      // one block of 128 threads (4 columns each) per kv row; 16 contributors in flight per round
+      return {make_spec("gather", "smla_gather", {{"UNROLL", 16}}, grid_xy(static_cast<unsigned>(s.num_kv)),
+                        SMLA_D / 4)};
+    case Phase::DSink:
+      return {make_spec("d_sink", "smla_d_sink", {{"NUM_THREADS", kSmallThreads}}, grid_xy(s.H), kSmallThreads)};
+    default:
+      return {};
+  }
+}
+
+}  // namespace smla
