@@ -168,7 +168,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   Backend* be = impl_->backend(kind);
   if (!be)
     SMLA_THROW(Status::NoBackend, std::string("the ") + backend_name(kind) +
-                                      " backend is not available in this build (backends: cpu, cuda)");
+                                      " backend is not available in this build (backends: cpu, cuda, hip)");
   std::string why;
   if (!be->usable(&why))
     SMLA_THROW(Status::NoBackend, std::string("the ") + backend_name(kind) + " backend is not usable here: " + why);
@@ -189,7 +189,10 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
         tuned = *t;
         cfg = &tuned;
         from_db = true;
-        if (tuned.r_chunk && !p.r_chunk) p.r_chunk = tuned.r_chunk;
+        if (tuned.r_chunk && !p.r_chunk) {
+          p.r_chunk = tuned.r_chunk;
+          validate_problem(p);  // a database entry is input too
+        }
       } else {
         log().warn("tuned config no longer fits the kernels ({}); using the heuristic", no);
       }
