@@ -6,6 +6,7 @@
 #include <cctype>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -406,6 +407,31 @@ std::vector<Problem> parse_problems_json(const std::string& text) {
     base.check_indices = flag("check_indices", false);
     base.dkv_fp32 = flag("dkv_fp32", false);
     for (Problem& p : expand(vals, base, where)) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<Problem> collect_problems(const std::vector<std::string>& shapes, const std::string& sink,
+                                      const std::string& json_file, bool check_indices) {
+  std::vector<Problem> out;
+  for (const std::string& s : shapes)
+    for (Problem p : parse_shape_spec(s)) {
+      p.check_indices = check_indices;
+      if (sink != "off") {
+        p.has_sink = true;
+        out.push_back(p);
+      }
+      if (sink != "on") {
+        p.has_sink = false;
+        out.push_back(p);
+      }
+    }
+  if (!json_file.empty()) {
+    std::ifstream in(json_file);
+    if (!in) throw Error(Status::InvalidArgument, "--json-file " + json_file + ": cannot be read", __FILE__, __LINE__);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    for (const Problem& p : parse_problems_json(buf.str())) out.push_back(p);
   }
   return out;
 }

@@ -76,4 +76,10 @@ std::vector<Problem> parse_shape_spec(const std::string& spec);
 /// lse_includes_sink, check_indices, dkv_fp32. Throws smla::Error(InvalidArgument).
 std::vector<Problem> parse_problems_json(const std::string& text);
 
+/// The problems of a tool's command line: every --shape spec, with the sink "on", "off" or "both",
+/// and the opt-in index check; then the problems of a JSON file (empty path: none). Throws
+/// smla::Error naming a file that cannot be read. May return an empty list.
+std::vector<Problem> collect_problems(const std::vector<std::string>& shapes, const std::string& sink,
+                                      const std::string& json_file, bool check_indices);
+
 }  // namespace smla

@@ -302,25 +302,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
 }
 
 std::vector<smla::Problem> gather(const Options& o) {
-  std::vector<smla::Problem> out;
-  for (const std::string& s : o.shapes)
-    for (smla::Problem p : smla::parse_shape_spec(s)) {
-      if (o.sink != "off") {
-        p.has_sink = true;
-        out.push_back(p);
-      }
-      if (o.sink != "on") {
-        p.has_sink = false;
-        out.push_back(p);
-      }
-    }
-  if (!o.json_file.empty()) {
-    std::ifstream in(o.json_file);
-    if (!in) throw smla::Error(smla::Status::InvalidArgument, "--json-file " + o.json_file + ": cannot be read");
-    std::stringstream buf;
-    buf << in.rdbuf();
-    for (const smla::Problem& p : smla::parse_problems_json(buf.str())) out.push_back(p);
-  }
+  std::vector<smla::Problem> out = smla::collect_problems(o.shapes, o.sink, o.json_file, false);
   if (out.empty()) out = smla::parse_shape_spec("4096,128,5120,512");  // the seed shape
   return out;
 }

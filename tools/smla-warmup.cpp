@@ -38,26 +38,7 @@ const char* state_name(smla::WarmupItem::State s) {
 }
 
 std::vector<smla::Problem> gather_problems(const Options& o) {
-  std::vector<smla::Problem> out;
-  for (const std::string& s : o.shapes)
-    for (smla::Problem p : smla::parse_shape_spec(s)) {
-      p.check_indices = o.check_indices;
-      if (o.sink != "off") {
-        p.has_sink = true;
-        out.push_back(p);
-      }
-      if (o.sink != "on") {
-        p.has_sink = false;
-        out.push_back(p);
-      }
-    }
-  if (!o.json_file.empty()) {
-    std::ifstream in(o.json_file);
-    if (!in) throw smla::Error(smla::Status::InvalidArgument, "--json-file " + o.json_file + ": cannot be read");
-    std::stringstream buf;
-    buf << in.rdbuf();
-    for (const smla::Problem& p : smla::parse_problems_json(buf.str())) out.push_back(p);
-  }
+  std::vector<smla::Problem> out = smla::collect_problems(o.shapes, o.sink, o.json_file, o.check_indices);
   if (out.empty())
     throw smla::Error(smla::Status::InvalidArgument, "no problems: give --shape T,H,NUM_KV,TOPK (repeatable) or --json-file");
   return out;
