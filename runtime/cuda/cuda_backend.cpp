@@ -99,6 +99,14 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
   SMLA_CU(driver().CtxGetCurrent(&k->ctx));
   SMLA_CU(driver().ModuleLoadData(&k->module, binary.data()));
   SMLA_CU(driver().ModuleGetFunction(&k->fn, k->module, spec.entry.c_str()));
+  // A launch spec that drifted from its kernel's __launch_bounds__ fails here, by name, at plan
+  // time, instead of as a launch error inside run().
+  int max_threads = 0;
+  SMLA_CU(driver().FuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k->fn));
+  const unsigned threads = spec.block.x * spec.block.y * spec.block.z;
+  if (threads > static_cast<unsigned>(max_threads))
+    SMLA_THROW(Status::Internal, spec.entry + " is launched with " + std::to_string(threads) +
+                                     " threads a block; the compiled kernel allows " + std::to_string(max_threads));
   if (spec.smem_bytes > 48 * 1024) {
     const size_t limit = max_shared_memory(device);
     if (spec.smem_bytes > limit)
