@@ -176,13 +176,15 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     SMLA_THROW(Status::InvalidArgument, "Problem::device = " + std::to_string(p.device) + ": the " + be->name() +
                                             " backend has " + std::to_string(be->device_count()) + " device(s)");
 
+  const std::string target = be->target(p.device);
+
   // A tuned config from the database, when there is one for this target and problem class and
   // it still fits the kernels; otherwise the heuristics. An explicit config bypasses the database.
   TileConfig tuned;
   bool from_db = false;
   if (!cfg && be->compiler()) {
     const size_t budget = runtime_env().interm_budget;
-    if (auto t = impl_->tuning.lookup(be->target(p.device), p, budget)) {
+    if (auto t = impl_->tuning.lookup(target, p, budget)) {
       std::string no;
       const ShapeInfo ts = shape_with_config(p, &*t, budget);
       if (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no)) {
@@ -224,7 +226,6 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   }
   plan->layout_ = layout_workspace(plan->shape_);
   plan->steps_ = order_steps(plan->shape_, impl_->kernels_of(kind));
-  const std::string target = be->target(p.device);
   plan->info_.backend = be->name();
   plan->info_.target = target;
   plan->info_.r_chunk = plan->shape_.r_chunk;

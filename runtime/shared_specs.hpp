@@ -3,6 +3,9 @@
 // body, one geometry: the specs live here so the families cannot drift apart.
 #pragma once
 #include <algorithm>
+#include <set>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "phases.hpp"
@@ -40,6 +43,23 @@ inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo
     default:
       return {};
   }
+}
+
+/// Every distinct kernel (stem, entry, defines) that `phase_kernels` launches for these shapes,
+/// each once (first geometry kept): the list offline compile tests and warm-up work from.
+template <class PhaseKernels>
+std::vector<KernelSpec> distinct_kernels(const std::vector<ShapeInfo>& shapes, PhaseKernels phase_kernels) {
+  std::vector<KernelSpec> out;
+  std::set<std::tuple<std::string, std::string, std::vector<std::pair<std::string, long long>>>> seen;
+  for (const ShapeInfo& s : shapes) {
+    std::vector<Phase> phases{Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather};
+    if (s.check_indices) phases.push_back(Phase::CheckTopk);
+    if (s.has_sink) phases.push_back(Phase::DSink);
+    for (Phase ph : phases)
+      for (KernelSpec& k : phase_kernels(ph, s))
+        if (seen.insert({k.stem, k.entry, k.defines}).second) out.push_back(std::move(k));
+  }
+  return out;
 }
 
 }  // namespace smla

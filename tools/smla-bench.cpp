@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "tools/tool_main.hpp"
 #include "tools/case_runner.hpp"
 #include "smla/smla.hpp"
 #include "tests/reference/reference.hpp"
@@ -191,13 +192,5 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
   app.add_option("--seed", o.seed, "random seed of the inputs");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const smla::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "smla-bench: %s\n", e.what());
-    return 2;
-  }
+  return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }

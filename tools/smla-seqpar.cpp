@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tools/tool_main.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/cuda/cuda_api.hpp"
 #include "runtime/seqpar.hpp"
@@ -405,13 +406,5 @@ int main(int argc, char** argv) {
   app.add_flag("--check", o.check, "compare with one rank and the float64 reference; exit 1 when off the bar");
   app.add_option("--seed", o.seed, "random seed of the inputs");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const smla::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "smla-seqpar: %s\n", e.what());
-    return 2;
-  }
+  return smla::tools::run_tool("smla-seqpar", [&] { return run(o); });
 }

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/cuda/kernels_cuda.hpp"
@@ -354,13 +355,5 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
   app.add_option("--seed", o.seed, "random seed of the inputs");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const smla::Error& e) {
-    std::fprintf(stderr, "smla-tune: %s\n", e.message().c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "smla-tune: %s\n", e.what());
-    return 2;
-  }
+  return smla::tools::run_tool("smla-tune", [&] { return run(o); });
 }

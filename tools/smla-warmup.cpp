@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
@@ -147,13 +148,5 @@ int main(int argc, char** argv) {
   app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
   app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB or ~/.cache/smla/tuning.json)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const smla::Error& e) {
-    std::fprintf(stderr, "smla-warmup: %s\n", e.message().c_str());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "smla-warmup: %s\n", e.what());
-    return 2;
-  }
+  return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
 }

@@ -142,17 +142,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
 }
 
 std::vector<KernelSpec> cuda_all_kernels(const std::vector<ShapeInfo>& shapes) {
-  std::vector<KernelSpec> out;
-  std::set<std::tuple<std::string, std::string, std::vector<std::pair<std::string, long long>>>> seen;
-  for (const ShapeInfo& s : shapes) {
-    std::vector<Phase> phases{Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather};
-    if (s.check_indices) phases.push_back(Phase::CheckTopk);
-    if (s.has_sink) phases.push_back(Phase::DSink);
-    for (Phase ph : phases)
-      for (KernelSpec& k : cuda_phase_kernels(ph, s))
-        if (seen.insert({k.stem, k.entry, k.defines}).second) out.push_back(std::move(k));
-  }
-  return out;
+  return distinct_kernels(shapes, cuda_phase_kernels);
 }
 
 }  // namespace smla
