@@ -1,4 +1,6 @@
 // dq.cu: per chunk of the top-k, recompute S and dP, emit P and scale*dS (bf16), accumulate dQ.
+// Two bodies: mma.sync (sm_80 and later, any BLOCK_H; below) and, with DQ_WGMMA 1, warpgroup MMA
+// for sm_90a (dq_wgmma.cuh; BLOCK_H 64). The planner picks the second on sm_90a when H % 64 == 0.
 //
 // A block owns one token t and BLOCK_H heads. Q and dO of those heads stay in shared memory; the
 // chunk's kv rows stream through two shared buffers of BLOCK_R rows (cp.async, double-buffered).
@@ -26,6 +28,13 @@
 #ifndef NUM_WARPS
 #define NUM_WARPS (BLOCK_H / 8)
 #endif
+#ifndef DQ_WGMMA
+#define DQ_WGMMA 0  // 1: the sm_90a warpgroup-MMA body (dq_wgmma.cuh) instead of the mma.sync one below
+#endif
+
+#if DQ_WGMMA
+#include "dq_wgmma.cuh"
+#else
 
 #define DQ_THREADS (NUM_WARPS * 32)
 #define DQ_MT (BLOCK_H / 16)          // warp rows (16 heads each)
@@ -213,3 +222,4 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
     }
   }
 }
+#endif  // DQ_WGMMA

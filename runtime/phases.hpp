@@ -33,6 +33,10 @@ struct ShapeInfo {
   // tile choices for the matrix phases (0 = the backend's default)
   int dq_block_h = 0, dq_block_r = 0;
   int dkv_block_r = 0, dkv_block_d = 0;
+  /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
+  int dq_impl = 0;
+  /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
+  bool sm90a = false;
 };
 
 struct Dim3 {

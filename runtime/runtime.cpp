@@ -186,7 +186,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     const size_t budget = runtime_env().interm_budget;
     if (auto t = impl_->tuning.lookup(target, p, budget)) {
       std::string no;
-      const ShapeInfo ts = shape_with_config(p, &*t, budget);
+      const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
       if (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no)) {
         tuned = *t;
         cfg = &tuned;
@@ -205,12 +205,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->problem_ = p;
   plan->backend_ = be;
   plan->shape_ = choose_shape(p, runtime_env().interm_budget);
-  if (cfg) {
-    plan->shape_.dq_block_h = cfg->dq_block_h;
-    plan->shape_.dq_block_r = cfg->dq_block_r;
-    plan->shape_.dkv_block_r = cfg->dkv_block_r;
-    plan->shape_.dkv_block_d = cfg->dkv_block_d;
-  }
+  apply_config(plan->shape_, cfg, target);
   if (kind == BackendKind::Cuda) {
     std::string not_ok;
     if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);

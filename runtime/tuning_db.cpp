@@ -101,6 +101,10 @@ bool entry_from_json(const json& v, TuningEntry* e) {
   e->config.dkv_block_r = c["dkv_block_r"].get<int>();
   e->config.dkv_block_d = c["dkv_block_d"].get<int>();
   e->config.r_chunk = c["r_chunk"].get<int64_t>();
+  if (c.contains("dq_impl")) {
+    if (!c["dq_impl"].is_number_integer() || c["dq_impl"].get<int>() < 0 || c["dq_impl"].get<int>() > 2) return false;
+    e->config.dq_impl = c["dq_impl"].get<int>();
+  }
   e->ms = v.value("ms", 0.0);
   e->heuristic_ms = v.value("heuristic_ms", 0.0);
   e->T_tuned = v.value("T_tuned", int64_t(0));
@@ -126,7 +130,7 @@ json entry_to_json(const std::string& target, const Problem& p, const std::strin
   v["runtime_version"] = version;
   v["config"] = {{"dq_block_h", e.config.dq_block_h},   {"dq_block_r", e.config.dq_block_r},
                  {"dkv_block_r", e.config.dkv_block_r}, {"dkv_block_d", e.config.dkv_block_d},
-                 {"r_chunk", e.config.r_chunk}};
+                 {"r_chunk", e.config.r_chunk}, {"dq_impl", e.config.dq_impl}};
   v["ms"] = e.ms;
   v["heuristic_ms"] = e.heuristic_ms;
   v["T_tuned"] = e.T_tuned;
@@ -211,17 +215,24 @@ std::string tuning_key(const std::string& target, const Problem& p, const std::s
          ";v=" + runtime_version;
 }
 
-ShapeInfo shape_with_config(const Problem& p_in, const TileConfig* cfg, size_t interm_budget_bytes) {
+ShapeInfo shape_with_config(const Problem& p_in, const TileConfig* cfg, size_t interm_budget_bytes,
+                            const std::string& target) {
   Problem p = p_in;
   if (cfg && cfg->r_chunk) p.r_chunk = cfg->r_chunk;
   ShapeInfo s = choose_shape(p, interm_budget_bytes);
+  apply_config(s, cfg, target);
+  return s;
+}
+
+void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target) {
   if (cfg) {
     s.dq_block_h = cfg->dq_block_h;
     s.dq_block_r = cfg->dq_block_r;
     s.dkv_block_r = cfg->dkv_block_r;
     s.dkv_block_d = cfg->dkv_block_d;
+    s.dq_impl = cfg->dq_impl;
   }
-  return s;
+  s.sm90a = target == "sm_90a";
 }
 
 TuningDb::TuningDb(std::string path, std::string runtime_version)

@@ -43,7 +43,12 @@ std::string tuning_key(const std::string& target, const Problem& p, const std::s
 
 /// The planner's shape for `p` with `cfg` applied the way Runtime::plan(p, cfg) applies it
 /// (cfg->r_chunk overrides p.r_chunk, then the tile fields). `cfg` may be null (heuristic).
-ShapeInfo shape_with_config(const Problem& p, const TileConfig* cfg, size_t interm_budget_bytes);
+/// `target` ("sm_90a", "gfx950", ...) sets ShapeInfo::sm90a, which decides the default dq body.
+ShapeInfo shape_with_config(const Problem& p, const TileConfig* cfg, size_t interm_budget_bytes,
+                            const std::string& target = "");
+
+/// The tile fields of `cfg` (when not null) and the target's features into `s`.
+void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target);
 
 struct TuningEntry {
   TileConfig config;

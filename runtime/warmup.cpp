@@ -187,14 +187,14 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
       try {
         validate_problem(p);
         if (!opts.configs.empty()) {
-          for (const TileConfig& c : opts.configs) add_shape(shape_with_config(p, &c, budget));
+          for (const TileConfig& c : opts.configs) add_shape(shape_with_config(p, &c, budget, target));
           continue;
         }
         std::optional<TileConfig> tuned;
         if (db) tuned = db->lookup(target, p, budget);
-        ShapeInfo s = shape_with_config(p, tuned ? &*tuned : nullptr, budget);
+        ShapeInfo s = shape_with_config(p, tuned ? &*tuned : nullptr, budget, target);
         // A tuned config the kernels no longer accept is skipped, as plan() falls back then.
-        if (tuned && !shape_supported(family, s, nullptr)) s = shape_with_config(p, nullptr, budget);
+        if (tuned && !shape_supported(family, s, nullptr)) s = shape_with_config(p, nullptr, budget, target);
         add_shape(s);
       } catch (const std::exception& e) {
         res.errors.push_back(target + " " + describe(p) + ": " + first_line(e));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "runtime/cuda/kernels_cuda.hpp"
@@ -15,6 +16,8 @@
 #include "runtime/planner.hpp"
 #include "tests/planner_shapes.hpp"
 #include "runtime/sources.hpp"
+#include "runtime/tuning_db.hpp"
+#include "smla/smla.hpp"
 
 namespace smla {
 namespace {
@@ -56,18 +59,67 @@ void compile_all(const std::string& target, const std::vector<KernelSpec>& specs
   std::printf("compiled %zu kernel variants for %s\n", specs.size(), target.c_str());
 }
 
+bool has_define(const KernelSpec& k, const char* name, long long value) {
+  for (const auto& d : k.defines)
+    if (d.first == name) return d.second == value;
+  return false;
+}
+
 TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
+  // Both dq bodies: what the planner picks on sm_90a (wgmma where H % 64 == 0) and the mma.sync one
+  // (the only one elsewhere, and what a tuned config may ask for on sm_90a).
   std::vector<ShapeInfo> shapes;
-  for (const ShapeInfo& s : planner_shapes())
-    if (cuda_shape_supported(s, nullptr)) shapes.push_back(s);
+  for (ShapeInfo s : planner_shapes())
+    for (bool sm90a : {true, false}) {
+      s.sm90a = sm90a;
+      if (cuda_shape_supported(s, nullptr)) shapes.push_back(s);
+    }
   ASSERT_FALSE(shapes.empty());
   const auto specs = cuda_all_kernels(shapes);
   std::set<std::string> entries;
-  for (const auto& k : specs) entries.insert(k.entry);
-  // Every phase is represented.
+  int wgmma_dq = 0, mma_dq = 0;
+  for (const auto& k : specs) {
+    entries.insert(k.entry);
+    if (k.entry == "smla_dq") ++(has_define(k, "DQ_WGMMA", 1) ? wgmma_dq : mma_dq);
+  }
+  // Every phase is represented, and both dq bodies.
   for (const char* e : {"smla_delta", "smla_dq", "smla_dkv_interm", "smla_gather", "smla_d_sink"})
     EXPECT_TRUE(entries.count(e)) << e << " is never planned";
+  EXPECT_GT(wgmma_dq, 0);
+  EXPECT_GT(mma_dq, 0);
   compile_all("sm_90a", specs);
+}
+
+TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  auto dq_of = [](const ShapeInfo& s) {
+    for (const KernelSpec& k : cuda_phase_kernels(Phase::Dq, s)) return k;
+    throw std::runtime_error("no dq launch");
+  };
+  ShapeInfo s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_90a");
+  KernelSpec k = dq_of(s);
+  EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
+  EXPECT_EQ(k.block.x, 256u);
+  EXPECT_EQ(k.grid.y, 2u);  // 64 heads a block
+  s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_80");
+  EXPECT_FALSE(has_define(dq_of(s), "DQ_WGMMA", 1));
+  // H = 32 on sm_90a: wgmma's M is 64, so the mma.sync body.
+  p.H = 32;
+  s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_90a");
+  EXPECT_FALSE(has_define(dq_of(s), "DQ_WGMMA", 1));
+  // Asking for wgmma where it cannot run is a clear error, not a silent fallback.
+  TileConfig c;
+  c.dq_impl = 2;
+  std::string why;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
+  EXPECT_NE(why.find("multiple of 64"), std::string::npos) << why;
+  p.H = 128;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_80"), &why));
+  EXPECT_NE(why.find("sm_90a"), std::string::npos) << why;
+  c.dq_block_r = 64;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
+  EXPECT_NE(why.find("one tile"), std::string::npos) << why;
 }
 
 TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {

@@ -95,7 +95,9 @@ std::vector<cache::KeyFields> plan_keys(const std::string& target, const Problem
   KernelSources sources;
   std::vector<cache::KeyFields> out;
   std::set<std::string> seen;
-  for (const Step& st : order_steps(choose_shape(p, runtime_env().interm_budget), kernels)) {
+  ShapeInfo shape = choose_shape(p, runtime_env().interm_budget);
+  apply_config(shape, nullptr, target);  // the target's features, as plan() applies them
+  for (const Step& st : order_steps(shape, kernels)) {
     if (st.spec.stem[0] == '@') continue;  // a library routine (rocPRIM on AMD), not compiled
     cache::KeyFields f = kernel_key_fields(st.spec, sources, rtc, target, nullptr);
     if (seen.insert(cache::make_key(f).entry_name()).second) out.push_back(std::move(f));

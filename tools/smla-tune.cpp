@@ -66,8 +66,8 @@ long long define_of(const smla::KernelSpec& k, const char* name) {
 }
 
 // The tiles a config resolves to on this problem, read off the kernels it would launch.
-smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, size_t budget) {
-  const smla::ShapeInfo s = smla::shape_with_config(p, &cfg, budget);
+smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, size_t budget, const std::string& target) {
+  const smla::ShapeInfo s = smla::shape_with_config(p, &cfg, budget, target);
   const smla::KernelSpec dq = smla::cuda_phase_kernels(smla::Phase::Dq, s).at(0);
   const smla::KernelSpec dkv = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s).at(0);
   smla::TileConfig r;
@@ -76,40 +76,43 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
   r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
   r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
   r.r_chunk = s.r_chunk;
+  r.dq_impl = define_of(dq, "DQ_WGMMA") ? 2 : 1;
   return r;
 }
 
 std::string label(const smla::TileConfig& c) {
-  char b[96];
-  std::snprintf(b, sizeof(b), "dq %2dx%-3d dkv %3dx%-3d rc %lld", c.dq_block_h, c.dq_block_r, c.dkv_block_r,
-                c.dkv_block_d, (long long)c.r_chunk);
+  char b[112];
+  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %3dx%-3d rc %lld", c.dq_impl == 2 ? "wgmma" : "mma  ", c.dq_block_h,
+                c.dq_block_r, c.dkv_block_r, c.dkv_block_d, (long long)c.r_chunk);
   return b;
 }
 
 // Legal candidates: the grid of tiles x r_chunk (divisors of topk, multiples of 16, whose interm
 // buffer fits the budget at the top of p's T bucket, so the stored config is valid for every T
-// that looks it up), filtered by cuda_shape_supported. The heuristic comes first.
-std::vector<Candidate> candidates(const smla::Problem& p, size_t budget) {
+// that looks it up), filtered by cuda_shape_supported. The heuristic comes first, then the largest
+// r_chunk first (fewest chunks, the likeliest winners), so a --max-seconds cut drops the unlikely ones.
+std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const std::string& target) {
   std::vector<Candidate> out;
   Candidate h;
   h.heuristic = true;
-  h.resolved = resolve(p, h.cfg, budget);
+  h.resolved = resolve(p, h.cfg, budget, target);
   out.push_back(h);
   const double bucket_T = double(smla::pow2_bucket(p.T));
-  for (int64_t rc = 16; rc <= p.topk; rc += 16) {
+  for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
     if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
-    for (int bh : {16, 32, 64})
-      for (int br : {32, 64})
-        for (int kr : {32, 64, 128})
-          for (int kd : {64, 128, 256}) {
-            Candidate c;
-            c.cfg = smla::TileConfig{bh, br, kr, kd, rc};
-            if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget), nullptr)) continue;
-            c.resolved = resolve(p, c.cfg, budget);
-            if (c.resolved == h.resolved) continue;  // the heuristic is already in
-            out.push_back(c);
-          }
+    for (int impl : {2, 1})  // dq body: wgmma (sm_90a only; its one tile is 64 x 32), mma.sync
+      for (int bh : {16, 32, 64})
+        for (int br : {32, 64})
+          for (int kr : {32, 64, 128})
+            for (int kd : {64, 128, 256}) {
+              Candidate c;
+              c.cfg = smla::TileConfig{bh, br, kr, kd, rc, impl};
+              if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget, target), nullptr)) continue;
+              c.resolved = resolve(p, c.cfg, budget, target);
+              if (c.resolved == h.resolved) continue;  // the heuristic is already in
+              out.push_back(c);
+            }
   }
   return out;
 }
@@ -201,7 +204,7 @@ double time_config(smla::Runtime& rt, const smla::Problem& p, const smla::TileCo
 
 nlohmann::json cfg_json(const smla::TileConfig& c) {
   return {{"dq_block_h", c.dq_block_h}, {"dq_block_r", c.dq_block_r}, {"dkv_block_r", c.dkv_block_r},
-          {"dkv_block_d", c.dkv_block_d}, {"r_chunk", c.r_chunk}};
+          {"dkv_block_d", c.dkv_block_d}, {"r_chunk", c.r_chunk}, {"dq_impl", c.dq_impl}};
 }
 
 nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, const Options& o) {
@@ -210,7 +213,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
   p.backend = smla::BackendKind::Cuda;
   smla::validate_problem(p);
   const std::string target = rt.plan(p, smla::TileConfig{})->info().target;
-  std::vector<Candidate> cands = candidates(p, budget);
+  std::vector<Candidate> cands = candidates(p, budget, target);
   std::fprintf(stderr, "smla-tune: T=%lld H=%lld num_kv=%lld topk=%lld%s on %s: %zu candidates\n", (long long)p.T,
                (long long)p.H, (long long)p.num_kv, (long long)p.topk, p.has_sink ? " sink" : "", target.c_str(),
                cands.size());

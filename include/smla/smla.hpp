@@ -160,9 +160,11 @@ struct TileConfig {
   int dq_block_h = 0, dq_block_r = 0;
   int dkv_block_r = 0, dkv_block_d = 0;
   int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
+  /// dq body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA (sm_90a, H % 64 == 0).
+  int dq_impl = 0;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
-           dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk;
+           dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl;
   }
 };
 

@@ -23,6 +23,7 @@ constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must
 
 // The matrix kernels' tiles after applying the backend defaults (0 in ShapeInfo).
 struct Tiles {
+  int dq_impl;  // 1 mma.sync, 2 wgmma
   int dq_block_h, dq_block_r, dq_warps;
   int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
 };
@@ -35,11 +36,19 @@ int default_dq_block_h(int H) {
   return 16;
 }
 
+// The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups.
+constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8;
+
 Tiles tiles_of(const ShapeInfo& s) {
   Tiles t{};
-  t.dq_block_h = s.dq_block_h ? s.dq_block_h : default_dq_block_h(s.H);
+  // Default dq body: wgmma on sm_90a when its one tile fits the shape and the caller's tiles.
+  const bool wgmma_fits = s.H % kWgmmaBlockH == 0 && (s.dq_block_h == 0 || s.dq_block_h == kWgmmaBlockH) &&
+                          (s.dq_block_r == 0 || s.dq_block_r == kWgmmaBlockR);
+  t.dq_impl = s.dq_impl ? s.dq_impl : (s.sm90a && wgmma_fits ? 2 : 1);
+  t.dq_block_h = s.dq_block_h ? s.dq_block_h : t.dq_impl == 2 ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
-  t.dq_warps = t.dq_block_h / 8;  // (BLOCK_H/16) x 2 warps: each holds 16 heads x 256 dq columns
+  // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups.
+  t.dq_warps = t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
   t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : 64;
   t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : 256;
   t.dkv_warps = 8;
@@ -52,6 +61,17 @@ Tiles tiles_of(const ShapeInfo& s) {
 unsigned dq_smem_bytes(int block_h, int block_r) {
   return smla_dq_qdo_bytes(block_h) + smla_dq_kv_bytes(block_r) + 2u * block_r * (block_h + SMLA_ROW_PAD) * 2u +
          smla_dq_flag_bytes(block_r);
+}
+
+// The wgmma body's carve (kernel_src/dq_wgmma.cuh): Q and dO (64 KB each), two kv buffers of
+// BLOCK_R KB, fp32 P (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags, and 1 KB of
+// slack to align the start to 1024 bytes (the swizzle atoms).
+unsigned dq_wgmma_smem_bytes(int block_r) {
+  return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u + 1024u;
+}
+
+unsigned dq_smem_of(const Tiles& t) {
+  return t.dq_impl == 2 ? dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
 }
 
 }  // namespace
@@ -69,9 +89,16 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
-  if (dq_smem_bytes(t.dq_block_h, t.dq_block_r) > kMaxSmem)
-    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_bytes(t.dq_block_h, t.dq_block_r)
-      << " B of shared memory (max " << kMaxSmem << "); ";
+  if (t.dq_impl < 1 || t.dq_impl > 2) e << "dq_impl = " << t.dq_impl << " must be 0 (default), 1 (mma.sync) or 2 (wgmma); ";
+  if (t.dq_impl == 2) {
+    if (!s.sm90a) e << "dq_impl = 2 (wgmma) needs an sm_90a target; ";
+    if (s.H % kWgmmaBlockH != 0) e << "dq_impl = 2 (wgmma) needs H a multiple of 64 (H = " << s.H << "); ";
+    if (t.dq_block_h != kWgmmaBlockH || t.dq_block_r != kWgmmaBlockR)
+      e << "dq_impl = 2 (wgmma) has one tile, 64 x 32 (asked " << t.dq_block_h << "x" << t.dq_block_r << "); ";
+  }
+  if (dq_smem_of(t) > kMaxSmem)
+    e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
+      << kMaxSmem << "); ";
   // dkv_interm: warp tile (BLOCK_R/2) x (BLOCK_D/4), multiples of 16; <= 128 fp32 accumulators per thread.
   if (t.dkv_block_r < 32 || t.dkv_block_r % 32 != 0) e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
   if (t.dkv_block_d < 64 || t.dkv_block_d % 64 != 0 || SMLA_D % t.dkv_block_d != 0)
@@ -105,10 +132,13 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
   const Tiles t = tiles_of(s);
   if (is_shared_phase(phase)) return shared_phase_kernels(phase, s, 32);
   switch (phase) {
-    case Phase::Dq:
-      return {make_spec("dq", "smla_dq",
-                   {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}},
-                   grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32, dq_smem_bytes(t.dq_block_h, t.dq_block_r))};
+    case Phase::Dq: {
+      std::vector<std::pair<std::string, long long>> d{
+          {"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}};
+      if (t.dq_impl == 2) d.emplace_back("DQ_WGMMA", 1);
+      return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
+                        dq_smem_of(t))};
+    }
     case Phase::DkvInterm:
       return {make_spec("dkv_interm", "smla_dkv_interm",
                    {{"HEADS", s.H},

@@ -1,0 +1,229 @@
+// dq_wgmma.cuh: the sm_90a body of dq.cu (included when DQ_WGMMA is 1): per chunk of the top-k,
+// recompute S and dP, emit P and scale*dS (bf16), accumulate dQ, with warpgroup MMA (wgmma).
+//
+// A block owns one token t and 64 heads (wgmma's M) and runs two warpgroups (256 threads).
+// Shared memory, every operand in 1024-byte aligned atoms with the 128-byte swizzle (wgmma.cuh):
+//   sQ, sDO  [8 column chunks][64 heads][64 columns]     K-major A of S and dP     64 KB each
+//   sKV[2]   [8 column chunks][BLOCK_R rows][64 columns] K-major B of S and dP,    BLOCK_R KB each
+//                                                        and MN-major B of dQ
+//   sPf      fp32 halves of S and dP exchanged between the warpgroups (register order)
+//   sP, sDS  bf16 [BLOCK_R slots][64 heads]              MN-major A of dQ (sDS); both leave for
+//                                                        pm/ds in 16-byte pieces
+//   sFlag    [2][BLOCK_R] validity of each kv row
+// Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows):
+//   warpgroup 0: S = Q K^T, warpgroup 1: dP = dO K^T (64 heads x BLOCK_R rows, fp32 registers)
+//   exchange: each hands the other half of its tile (fp32), then warpgroup 0 makes P and scale*dS
+//            for slots 0-15 and warpgroup 1 for slots 16-31 -> sP and sDS (bf16)
+//   both:     dQ[:, 256 w .. 256 w + 255] += dS (64 x BLOCK_R) K (BLOCK_R x 256), fp32 in registers
+// Measured on the H200 (docs/perf-notes.md, v2): splitting the element work this way beat one
+// warpgroup making P and the other dS; having only warpgroup 0 issue the copies was slower.
+// The host sizes shared memory with dq_wgmma_smem_bytes() in runtime/cuda/kernels_cuda.cpp.
+#include "wgmma.cuh"
+
+#if BLOCK_H != 64
+#error "the wgmma dq body needs BLOCK_H == 64 (wgmma's M)"
+#endif
+#if BLOCK_R != 32
+#error "the wgmma dq body needs BLOCK_R == 32 (two kv buffers next to 128 KB of Q and dO)"
+#endif
+#if NUM_WARPS != 8
+#error "the wgmma dq body runs two warpgroups (NUM_WARPS 8)"
+#endif
+
+#define DQW_THREADS 256
+#define DQW_QBYTES (64 * 1024)                 // one of sQ / sDO
+#define DQW_KVCHUNK (BLOCK_R * 128)            // one 64-column chunk of a kv buffer
+#define DQW_KVBYTES (8 * DQW_KVCHUNK)          // one kv buffer
+#define DQW_PF_BYTES (64 * BLOCK_R * 4)
+#define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
+#define DQW_LOG2E 1.4426950408889634f
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "the wgmma dq body needs sm_90a"
+#endif
+
+// Byte offset of element (row, col) of a [rows][64] bf16 block with the 128-byte swizzle.
+__device__ __forceinline__ unsigned dqw_swz(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+}
+
+// kv tile `tile` of the chunk into the buffer at `skv`; empty slots (and slots past the chunk or
+// the top-k) become zero rows with a zero flag.
+__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* topk_row, char* skv, int* sflag, int tile) {
+  for (int i = threadIdx.x; i < BLOCK_R * 64; i += DQW_THREADS) {
+    const int row = i / 64, c = i % 64;  // c: 16-byte piece of the 1 KB row
+    const int rr = tile * BLOCK_R + row;
+    const int k = (rr < p.r_chunk && p.r_start + rr < p.topk_n) ? topk_row[rr] : -1;
+    const bool valid = smla_valid_index(k, p.num_kv);
+    char* dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + (((c & 7) ^ (row & 7)) << 4);
+    if (valid)
+      smla_cp_async16(dst, p.kv + (long long)k * p.kv_s + c * 8);
+    else
+      smla_st_shared_zero16(dst);
+    if (c == 0) sflag[row] = valid ? 1 : 0;
+  }
+}
+
+// Round to bf16, nearest even, in one instruction: the same bits as smla_f2bf for every finite value.
+__device__ __forceinline__ smla_bf16 dqw_bf16(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return (smla_bf16)r;
+}
+
+extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams p) {
+  extern __shared__ uint4 smem_u4[];
+  // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
+  char* base = reinterpret_cast<char*>(smem_u4);
+  base += (1024u - (smla_smem_addr(base) & 1023u)) & 1023u;
+  char* sQ = base;
+  char* sDO = sQ + DQW_QBYTES;
+  char* sKV = sDO + DQW_QBYTES;  // two buffers
+  float* sPf = reinterpret_cast<float*>(sKV + 2 * DQW_KVBYTES);
+  char* sP = reinterpret_cast<char*>(sPf) + DQW_PF_BYTES;
+  char* sDS = sP + DQW_T_BYTES;
+  int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
+
+  const int t = blockIdx.x;
+  const int h0 = blockIdx.y * 64;
+  const int wg = threadIdx.x / 128, tw = threadIdx.x % 128;
+  const int warp = tw / 32, lane = tw % 32;
+  const int r_chunk = p.r_chunk;
+  const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
+  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+
+  // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
+  for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
+    const int hh = i / 64, c = i % 64;
+    const unsigned off = (c >> 3) * (64 * 128) + hh * 128 + (((c & 7) ^ (hh & 7)) << 4);
+    smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
+    smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
+  }
+  if (n_tiles > 0) dqw_load_kv(p, topk_row, sKV, sFlag, 0);
+  smla_cp_async_commit();
+
+  // This thread's two accumulator rows (heads) of the 64 x N fragments.
+  const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
+  const long long th = (long long)t * HEADS + h0;
+  // lse (base 2) and delta of the two rows
+  const float la = p.lse_n[th + hl_a] * DQW_LOG2E, lb = p.lse_n[th + hl_b] * DQW_LOG2E;
+  const float dla = p.delta[th + hl_a], dlb = p.delta[th + hl_b];
+  const float sl2 = p.scale * DQW_LOG2E;
+
+  const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);
+  const unsigned akv0 = smla_smem_addr(sKV);
+  const unsigned ads = smla_smem_addr(sDS);
+
+  float acc[128];
+#pragma unroll
+  for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    smla_cp_async_wait<0>();
+    smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
+    __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
+    if (tile + 1 < n_tiles)
+      dqw_load_kv(p, topk_row, sKV + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, tile + 1);
+    smla_cp_async_commit();
+
+    const unsigned akv = akv0 + buf * DQW_KVBYTES;
+    const int* flag = sFlag + buf * BLOCK_R;
+
+    // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
+    float sd[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) sd[j] = 0.f;
+    smla_fence_regs(sd);
+    smla_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 32; ++kk) {
+      const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
+      const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
+      smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
+    }
+    smla_wgmma_commit();
+    smla_wgmma_wait<0>();
+    smla_fence_regs(sd);
+
+    // ---- both: warpgroup 0 takes slots 0-15 (i = 0, 1), warpgroup 1 slots 16-31 (i = 2, 3); each
+    // hands the other the half of its S or dP that the other needs (fp32, register order).
+    {
+      float4* give = reinterpret_cast<float4*>(sPf) + wg * 256;        // wg 0: S(i 2,3); wg 1: dP(i 0,1)
+      const float4* take = reinterpret_cast<const float4*>(sPf) + (wg ^ 1) * 256;
+      float g[8];  // (static register indices only: a computed index would put sd in local memory)
+#pragma unroll
+      for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
+      give[tw] = make_float4(g[0], g[1], g[2], g[3]);
+      give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
+      __syncthreads();  // (B) the halves are exchanged
+      const float4 t0 = take[tw], t1 = take[128 + tw];
+      const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int i = (wg == 0 ? 0 : 2) + (r >> 2), half = (r >> 1) & 1, e = r & 1;
+        const int col = 8 * i + 2 * (lane % 4) + e;
+        const float mine = wg == 0 ? sd[r] : sd[8 + r];
+        const float s_ = wg == 0 ? mine : other[r], dp_ = wg == 0 ? other[r] : mine;
+        const bool valid = flag[col] != 0;
+        const float pe = valid ? exp2f(fmaf(s_, sl2, -(half ? lb : la))) : 0.f;
+        const float dv = valid ? pe * (dp_ - (half ? dlb : dla)) * p.scale : 0.f;
+        const unsigned so = dqw_swz(col, half ? hl_b : hl_a);
+        *reinterpret_cast<smla_bf16*>(sP + so) = dqw_bf16(pe);
+        *reinterpret_cast<smla_bf16*>(sDS + so) = dqw_bf16(dv);
+      }
+    }
+    smla_fence_proxy_async();  // both wrote dS
+    __syncthreads();  // (C) dS is in shared memory, visible to wgmma
+
+    // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
+    smla_fence_regs(acc);
+    smla_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
+      const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
+      const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
+      smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
+    }
+    smla_wgmma_commit();
+
+    // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
+    for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
+      const int rl = i / 8, c = i % 8;
+      const int rr = tile * BLOCK_R + rl;
+      if (rr < r_chunk) {
+        const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
+        const unsigned so = rl * 128 + ((c ^ (rl & 7)) << 4);
+        *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
+        *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
+      }
+    }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(acc);
+  }
+
+  // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
+  const bool last = p.chunk == p.n_chunks - 1;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int d = 256 * wg + 8 * i + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = h0 + (half ? hl_b : hl_a);
+      float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
+      if (p.n_chunks > 1) {
+        float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
+        if (p.chunk > 0) {
+          const float2 c = *carry;
+          v0 = c.x + v0;
+          v1 = c.y + v1;
+        }
+        if (!last) {
+          *carry = make_float2(v0, v1);
+          continue;
+        }
+      }
+      *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
+    }
+  }
+}
