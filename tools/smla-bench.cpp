@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "tools/tool_main.hpp"
 #include "tools/case_runner.hpp"
+#include "runtime/cuda/cublas_api.hpp"
 #include "smla/smla.hpp"
 #include "tests/reference/reference.hpp"
 
@@ -24,6 +26,7 @@ struct Options {
   int64_t r_chunk = 0;
   bool no_sink = false, check = false, json = false, breakdown = false, uniform = false;
   int warmup = -1, repeat = -1;
+  int gemm_n = 8192;
   uint64_t seed = 1;
 };
 
@@ -142,6 +145,36 @@ int run(const Options& o) {
       if (!o.json) std::printf("%-12s %10.3f %6.1f%%\n", ph.c_str(), phase_ms[ph], 100.0 * phase_ms[ph] / sum);
     }
     if (!o.json) std::printf("%-12s %10.3f (sum of phases; end to end %.3f ms)\n", "total", sum, ms);
+
+    // The ceiling to compare with: a dense bf16 GEMM (cuBLAS, fp32 accumulation) measured in this
+    // process on the same stream, after the op, so both see the same clocks and device state.
+    std::string why;
+    std::optional<smla::cuda::GemmRate> gemm;
+    if (gpu)
+      gemm = smla::cuda::dense_gemm_rate(o.gemm_n, static_cast<CUstream>(s), &why);
+    else
+      why = "the " + info.backend + " backend ran: the reference is a cuBLAS GEMM on a CUDA device";
+    j["gemm_n"] = o.gemm_n;
+    j["gemm_tflops"] = gemm ? nlohmann::json(gemm->tflops) : nlohmann::json();
+    j["gemm_fraction"] = gemm ? nlohmann::json(tflops / gemm->tflops) : nlohmann::json();
+    if (gemm) {
+      j["gemm_ms"] = gemm->ms;
+      j["gemm_library"] = gemm->library;
+    } else {
+      j["gemm_why"] = why;
+    }
+    if (!o.json) {
+      if (gemm) {
+        std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate\n", "end to end", ms, tflops,
+                    100.0 * tflops / gemm->tflops);
+        std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
+                    "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
+                    gemm->library.c_str());
+      } else {
+        std::printf("%-12s %10.3f ms, %.3g TFLOP/s\n", "end to end", ms, tflops);
+        std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
+      }
+    }
   }
 
   bool pass = true;
@@ -186,7 +219,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--check", o.check, "compare with the float64 reference (exit 1 when off the bar)");
   app.add_flag("--json", o.json, "one JSON object per run on its own line");
-  app.add_flag("--breakdown", o.breakdown, "time each phase on its own");
+  app.add_flag("--breakdown", o.breakdown,
+               "time each phase on its own, and compare end to end with a dense bf16 GEMM (cuBLAS) timed here");
+  app.add_option("--gemm-n", o.gemm_n, "size n of the n x n x n GEMM of --breakdown")
+      ->check(CLI::Range(16, 32768));
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)");
   app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
