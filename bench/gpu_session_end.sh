@@ -7,7 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=build/bin
 export SMLA_CACHE_DIR=/tmp/smla-session SMLA_LOG_LEVEL=warn SMLA_TUNING_DB=$OUT/tuning.json
-[ -n "${SMLA_CUBLAS_LIBRARY:-}" ] || export SMLA_CUBLAS_LIBRARY=$(find /usr/local /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
+source "$(dirname "$0")/find_cublas.sh"
 step() { local t=$1 name=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$?" >> "$OUT/$name.log"; }
 step 40 breakdown $B/smla-bench --breakdown; cat "$OUT/breakdown.log"
 step 30 check $B/smla-bench --check; grep -E "check|rc=" "$OUT/check.log"

@@ -9,17 +9,7 @@ export SMLA_CACHE_DIR=/tmp/smla-cache SMLA_LOG_LEVEL=warn
 B=build/bin
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { local t=$1 name=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "   rc=$?" >> "$OUT/$name.log"; }
-# cuBLAS for the dense GEMM rate of smla-bench --breakdown: the image has no system copy, torch's
-# pip package nvidia-cublas ships one (an SMLA_CUBLAS_LIBRARY already set is kept).
-if [ -z "${SMLA_CUBLAS_LIBRARY:-}" ]; then
-  SMLA_CUBLAS_LIBRARY=$(python3 -c 'import glob, os, nvidia
-for v in ("13", "12"):
-    hits = sorted(f for p in nvidia.__path__ for f in glob.glob(os.path.join(p, "**", "libcublas.so." + v), recursive=True))
-    if hits: print(hits[0]); break' 2>/dev/null)
-  [ -n "$SMLA_CUBLAS_LIBRARY" ] || SMLA_CUBLAS_LIBRARY=$(timeout 60 find / -name libcublas.so.13 -not -path '/proc/*' 2>/dev/null | head -1)
-  [ -n "$SMLA_CUBLAS_LIBRARY" ] && export SMLA_CUBLAS_LIBRARY
-fi
-echo "cuBLAS for the GEMM rate: ${SMLA_CUBLAS_LIBRARY:-none found (smla-bench falls back to libcublas.so.13/.12 on the loader path)}"
+source "$(dirname "$0")/find_cublas.sh"  # SMLA_CUBLAS_LIBRARY for the GEMM rate of --breakdown
 if [ -x build/base/smla-bench ]; then
   step 60 base_breakdown build/base/smla-bench --breakdown; cat "$OUT/base_breakdown.log"
 fi
