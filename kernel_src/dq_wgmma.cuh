@@ -55,7 +55,7 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* topk
     const int rr = tile * BLOCK_R + row;
     const int k = (rr < p.r_chunk && p.r_start + rr < p.topk_n) ? topk_row[rr] : -1;
     const bool valid = smla_valid_index(k, p.num_kv);
-    char* dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + (((c & 7) ^ (row & 7)) << 4);
+    char* dst = skv + (c >> 3) * DQW_KVCHUNK + dqw_swz(row, (c & 7) * 8);
     if (valid)
       smla_cp_async16(dst, p.kv + (long long)k * p.kv_s + c * 8);
     else
@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
   for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
     const int hh = i / 64, c = i % 64;
-    const unsigned off = (c >> 3) * (64 * 128) + hh * 128 + (((c & 7) ^ (hh & 7)) << 4);
+    const unsigned off = (c >> 3) * (64 * 128) + dqw_swz(hh, (c & 7) * 8);
     smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
     smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
   }
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       const int rr = tile * BLOCK_R + rl;
       if (rr < r_chunk) {
         const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
-        const unsigned so = rl * 128 + ((c ^ (rl & 7)) << 4);
+        const unsigned so = dqw_swz(rl, c * 8);
         *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
         *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
       }
