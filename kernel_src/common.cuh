@@ -28,6 +28,13 @@ SMLA_HD constexpr unsigned smla_dq_smem_bytes(int block_h, int block_r) {
          smla_dq_flag_bytes(block_r);
 }
 
+// ---- dq, sm_90a wgmma body (dq_wgmma.cuh): Q and dO (64 heads x 1 KB each), two kv buffers of
+// BLOCK_R rows, fp32 S/dP exchange (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags,
+// and 1 KB of slack to align the start to 1024 bytes (the swizzle atoms).
+SMLA_HD constexpr unsigned smla_dq_wgmma_smem_bytes(int block_r) {
+  return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u + 1024u;
+}
+
 // ---- dkv_interm: B = [q ; dout] columns of this block [2H][BLOCK_D+pad], two A buffers
 // [ds | pm] rows [BLOCK_R][2H+pad].
 SMLA_HD constexpr unsigned smla_dkv_b_bytes(int h, int block_d) { return 2u * h * (block_d + SMLA_ROW_PAD) * 2u; }

@@ -17,7 +17,7 @@
 //   both:     dQ[:, 256 w .. 256 w + 255] += dS (64 x BLOCK_R) K (BLOCK_R x 256), fp32 in registers
 // Measured on the H200 (docs/perf-notes.md, v2): splitting the element work this way beat one
 // warpgroup making P and the other dS; having only warpgroup 0 issue the copies was slower.
-// The host sizes shared memory with dq_wgmma_smem_bytes() in runtime/cuda/kernels_cuda.cpp.
+// The host sizes shared memory with smla_dq_wgmma_smem_bytes() (common.cuh).
 #include "wgmma.cuh"
 
 #if BLOCK_H != 64
@@ -37,6 +37,10 @@
 #define DQW_PF_BYTES (64 * BLOCK_R * 4)
 #define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
 #define DQW_LOG2E 1.4426950408889634f
+// The carve below, plus the alignment slack, is what the host asks for (common.cuh).
+static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 1024 ==
+                  smla_dq_wgmma_smem_bytes(BLOCK_R),
+              "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"

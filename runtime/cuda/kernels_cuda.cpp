@@ -63,15 +63,8 @@ unsigned dq_smem_bytes(int block_h, int block_r) {
          smla_dq_flag_bytes(block_r);
 }
 
-// The wgmma body's carve (kernel_src/dq_wgmma.cuh): Q and dO (64 KB each), two kv buffers of
-// BLOCK_R KB, fp32 P (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags, and 1 KB of
-// slack to align the start to 1024 bytes (the swizzle atoms).
-unsigned dq_wgmma_smem_bytes(int block_r) {
-  return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u + 1024u;
-}
-
 unsigned dq_smem_of(const Tiles& t) {
-  return t.dq_impl == 2 ? dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
+  return t.dq_impl == 2 ? smla_dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
 }
 
 }  // namespace
