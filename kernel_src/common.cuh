@@ -29,10 +29,12 @@ SMLA_HD constexpr unsigned smla_dq_smem_bytes(int block_h, int block_r) {
 }
 
 // ---- dq, sm_90a wgmma body (dq_wgmma.cuh): Q and dO (64 heads x 1 KB each), two kv buffers of
-// BLOCK_R rows, fp32 S/dP exchange (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags,
-// and 1 KB of slack to align the start to 1024 bytes (the swizzle atoms).
+// BLOCK_R rows, fp32 S/dP exchange (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags
+// and the prefetched top-k indices (two tiles each), and 1 KB of slack to align the start to 1024
+// bytes (the swizzle atoms).
 SMLA_HD constexpr unsigned smla_dq_wgmma_smem_bytes(int block_r) {
-  return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u + 1024u;
+  return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u +
+         2u * block_r * 4u + 1024u;
 }
 
 // ---- dkv_interm: B = [q ; dout] columns of this block [2H][BLOCK_D+pad], two A buffers
@@ -41,6 +43,16 @@ SMLA_HD constexpr unsigned smla_dkv_b_bytes(int h, int block_d) { return 2u * h 
 SMLA_HD constexpr unsigned smla_dkv_a_bytes(int h, int block_r) { return 2u * block_r * (2 * h + SMLA_ROW_PAD) * 2u; }
 SMLA_HD constexpr unsigned smla_dkv_smem_bytes(int h, int block_r, int block_d) {
   return smla_dkv_b_bytes(h, block_d) + smla_dkv_a_bytes(h, block_r);
+}
+
+// ---- dkv_interm, sm_90a wgmma body (dkv_wgmma.cuh): one tile, 64 slot rows x 256 columns over two
+// warpgroups. B = [q ; dout] of the token's 256 columns (2H x 256 bf16), two A buffers of 64 [ds | pm]
+// rows (64 x 2H bf16), one bf16 staging tile of 64 x 128 per warpgroup for coalesced stores, and 1 KB
+// of slack to align the start to 1024 bytes. H = 128: 230400 B.
+#define SMLA_DKV_WGMMA_ROWS 64
+#define SMLA_DKV_WGMMA_COLS 256
+SMLA_HD constexpr unsigned smla_dkv_wgmma_smem_bytes(int h) {
+  return 2u * h * 256u * 2u + 2u * 64u * (2u * h) * 2u + 2u * 64u * 128u * 2u + 1024u;
 }
 
 #if defined(SMLA_DEVICE_CODE)  // CUDA and HIP: bf16 conversions, reductions, slot validity
@@ -76,6 +88,10 @@ __device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
 __device__ __forceinline__ void smla_cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smla_smem_addr(smem)), "l"(gmem) : "memory");
 }
+// 4-byte global -> shared copy (through L1), for index rows whose alignment is only 4 bytes.
+__device__ __forceinline__ void smla_cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smla_smem_addr(smem)), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void smla_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void smla_cp_async_wait() {
@@ -108,6 +124,14 @@ __device__ __forceinline__ void smla_mma_bf16(float (&d)[4], const unsigned (&a)
       "{%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// smla_pack_bf2 in one instruction (sm_80+): round to nearest even, the same bits for every
+// finite value and infinities (a NaN stays a NaN, its payload may differ).
+__device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+  return r;
 }
 
 #endif  // __CUDACC__ (PTX)

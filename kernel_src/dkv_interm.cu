@@ -1,4 +1,6 @@
 // dkv_interm.cu: per chunk, interm[t, rr, :] = sum_h ds[t,rr,h] q[t,h,:] + pm[t,rr,h] dout[t,h,:].
+// Two bodies: mma.sync (sm_80 and later, any tile; below) and, with DKV_WGMMA 1, warpgroup MMA
+// (sm_90a, one tile of 64 rows x 256 columns; dkv_wgmma.cuh).
 //
 // Per token this is one product [r_chunk x 2H] x [2H x D] with A = [ds | pm] (rows of the chunk)
 // and B = [q ; dout]. A block owns one token and BLOCK_D columns: B's columns stay in shared
@@ -24,6 +26,13 @@
 #ifndef WARPS_M
 #define WARPS_M 2
 #endif
+#ifndef DKV_WGMMA
+#define DKV_WGMMA 0  // 1: the sm_90a warpgroup-MMA body (dkv_wgmma.cuh) instead of the mma.sync one below
+#endif
+
+#if DKV_WGMMA
+#include "dkv_wgmma.cuh"
+#else
 
 #define DK_THREADS (NUM_WARPS * 32)
 #define DK_WN (NUM_WARPS / WARPS_M)
@@ -129,3 +138,4 @@ extern "C" __global__ void __launch_bounds__(DK_THREADS, 1) smla_dkv_interm(Smla
       }
   }
 }
+#endif  // DKV_WGMMA

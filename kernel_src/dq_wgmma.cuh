@@ -10,7 +10,10 @@
 //   sP, sDS  bf16 [BLOCK_R slots][64 heads]              MN-major A of dQ (sDS); both leave for
 //                                                        pm/ds in 16-byte pieces
 //   sFlag    [2][BLOCK_R] validity of each kv row
-// Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows):
+//   sIdx     [2][BLOCK_R] top-k indices of the next two tiles (cp.async two tiles ahead, so that no
+//            global load of an index sits between a barrier and the copies that need it)
+// Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows,
+// issued while the tile's S/dP wgmma runs):
 //   warpgroup 0: S = Q K^T, warpgroup 1: dP = dO K^T (64 heads x BLOCK_R rows, fp32 registers)
 //   exchange: each hands the other half of its tile (fp32), then warpgroup 0 makes P and scale*dS
 //            for slots 0-15 and warpgroup 1 for slots 16-31 -> sP and sDS (bf16)
@@ -38,7 +41,8 @@
 #define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
 #define DQW_LOG2E 1.4426950408889634f
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
-static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 1024 ==
+static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 +
+                      1024 ==
                   smla_dq_wgmma_smem_bytes(BLOCK_R),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
 
@@ -51,13 +55,23 @@ __device__ __forceinline__ unsigned dqw_swz(int row, int col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
 }
 
-// kv tile `tile` of the chunk into the buffer at `skv`; empty slots (and slots past the chunk or
-// the top-k) become zero rows with a zero flag.
-__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* topk_row, char* skv, int* sflag, int tile) {
+// Top-k indices of tile `tile` of the chunk into `sidx` (BLOCK_R ints); -1 past the chunk or the top-k.
+__device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* topk_row, int* sidx, int tile) {
+  if (threadIdx.x < BLOCK_R) {
+    const int rr = tile * BLOCK_R + threadIdx.x;
+    if (rr < p.r_chunk && p.r_start + rr < p.topk_n)
+      smla_cp_async4(sidx + threadIdx.x, topk_row + rr);
+    else
+      sidx[threadIdx.x] = -1;
+  }
+}
+
+// The kv rows of one tile (indices in `sidx`) into the buffer at `skv`; empty slots (and slots past
+// the chunk or the top-k) become zero rows with a zero flag.
+__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* sidx, char* skv, int* sflag) {
   for (int i = threadIdx.x; i < BLOCK_R * 64; i += DQW_THREADS) {
     const int row = i / 64, c = i % 64;  // c: 16-byte piece of the 1 KB row
-    const int rr = tile * BLOCK_R + row;
-    const int k = (rr < p.r_chunk && p.r_start + rr < p.topk_n) ? topk_row[rr] : -1;
+    const int k = sidx[row];
     const bool valid = smla_valid_index(k, p.num_kv);
     char* dst = skv + (c >> 3) * DQW_KVCHUNK + dqw_swz(row, (c & 7) * 8);
     if (valid)
@@ -87,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   char* sP = reinterpret_cast<char*>(sPf) + DQW_PF_BYTES;
   char* sDS = sP + DQW_T_BYTES;
   int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
+  int* sIdx = sFlag + 2 * BLOCK_R;
 
   const int t = blockIdx.x;
   const int h0 = blockIdx.y * 64;
@@ -103,7 +118,12 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
     smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
   }
-  if (n_tiles > 0) dqw_load_kv(p, topk_row, sKV, sFlag, 0);
+  // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
+  for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
+  smla_cp_async_commit();
+  smla_cp_async_wait<0>();
+  __syncthreads();
+  if (n_tiles > 0) dqw_load_kv(p, sIdx, sKV, sFlag);
   smla_cp_async_commit();
 
   // This thread's two accumulator rows (heads) of the 64 x N fragments.
@@ -127,10 +147,6 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     smla_cp_async_wait<0>();
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
     __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
-    if (tile + 1 < n_tiles)
-      dqw_load_kv(p, topk_row, sKV + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, tile + 1);
-    smla_cp_async_commit();
-
     const unsigned akv = akv0 + buf * DQW_KVBYTES;
     const int* flag = sFlag + buf * BLOCK_R;
 
@@ -147,6 +163,12 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
     }
     smla_wgmma_commit();
+    // ---- while it runs: the next tile's kv rows (its indices landed before barrier A), and the
+    // indices of the tile after it into the slot this tile's indices used.
+    if (tile + 1 < n_tiles)
+      dqw_load_kv(p, sIdx + ((tile + 1) & 1) * BLOCK_R, sKV + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
+    if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
+    smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
 

@@ -3,7 +3,7 @@
 instructions the kernels use (one accumulator operand per fp32 register is too long to write by hand).
 Usage: python3 kernel_src/gen_wgmma.py > kernel_src/wgmma.cuh   (check the diff in)"""
 
-SHAPES = [32, 64, 256]  # N of m64nNk16 (bf16 x bf16 -> fp32, both operands from shared memory)
+SHAPES = [32, 64, 128, 256]  # N of m64nNk16 (bf16 x bf16 -> fp32, both operands from shared memory)
 
 HEAD = r'''// wgmma.cuh: sm_90a warpgroup matrix multiply (wgmma.mma_async) wrappers, bf16 inputs, fp32
 // accumulators, both operands read from shared memory through matrix descriptors.
