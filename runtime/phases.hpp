@@ -35,6 +35,8 @@ struct ShapeInfo {
   int dkv_block_r = 0, dkv_block_d = 0;
   /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
   int dq_impl = 0;
+  /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
+  int dkv_impl = 0;
   /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
   bool sm90a = false;
 };

@@ -101,10 +101,15 @@ bool entry_from_json(const json& v, TuningEntry* e) {
   e->config.dkv_block_r = c["dkv_block_r"].get<int>();
   e->config.dkv_block_d = c["dkv_block_d"].get<int>();
   e->config.r_chunk = c["r_chunk"].get<int64_t>();
-  if (c.contains("dq_impl")) {
-    if (!c["dq_impl"].is_number_integer() || c["dq_impl"].get<int>() < 0 || c["dq_impl"].get<int>() > 2) return false;
-    e->config.dq_impl = c["dq_impl"].get<int>();
-  }
+  // The bodies are optional (entries written before a body existed read as 0, the planner's choice);
+  // a value outside 0..2 rejects the entry.
+  auto body = [&c](const char* k, int* dst) {
+    if (!c.contains(k)) return true;
+    if (!c[k].is_number_integer() || c[k].get<int64_t>() < 0 || c[k].get<int64_t>() > 2) return false;
+    *dst = c[k].get<int>();
+    return true;
+  };
+  if (!body("dq_impl", &e->config.dq_impl) || !body("dkv_impl", &e->config.dkv_impl)) return false;
   e->ms = v.value("ms", 0.0);
   e->heuristic_ms = v.value("heuristic_ms", 0.0);
   e->T_tuned = v.value("T_tuned", int64_t(0));
@@ -130,7 +135,8 @@ json entry_to_json(const std::string& target, const Problem& p, const std::strin
   v["runtime_version"] = version;
   v["config"] = {{"dq_block_h", e.config.dq_block_h},   {"dq_block_r", e.config.dq_block_r},
                  {"dkv_block_r", e.config.dkv_block_r}, {"dkv_block_d", e.config.dkv_block_d},
-                 {"r_chunk", e.config.r_chunk}, {"dq_impl", e.config.dq_impl}};
+                 {"r_chunk", e.config.r_chunk},         {"dq_impl", e.config.dq_impl},
+                 {"dkv_impl", e.config.dkv_impl}};
   v["ms"] = e.ms;
   v["heuristic_ms"] = e.heuristic_ms;
   v["T_tuned"] = e.T_tuned;
@@ -231,6 +237,7 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
     s.dkv_block_r = cfg->dkv_block_r;
     s.dkv_block_d = cfg->dkv_block_d;
     s.dq_impl = cfg->dq_impl;
+    s.dkv_impl = cfg->dkv_impl;
   }
   s.sm90a = target == "sm_90a";
 }

@@ -43,7 +43,7 @@ std::string tuning_key(const std::string& target, const Problem& p, const std::s
 
 /// The planner's shape for `p` with `cfg` applied the way Runtime::plan(p, cfg) applies it
 /// (cfg->r_chunk overrides p.r_chunk, then the tile fields). `cfg` may be null (heuristic).
-/// `target` ("sm_90a", "gfx950", ...) sets ShapeInfo::sm90a, which decides the default dq body.
+/// `target` ("sm_90a", "gfx950", ...) sets ShapeInfo::sm90a, which decides the default dq and dkv bodies.
 ShapeInfo shape_with_config(const Problem& p, const TileConfig* cfg, size_t interm_budget_bytes,
                             const std::string& target = "");
 

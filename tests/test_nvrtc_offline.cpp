@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kernel_src/common.cuh"
 #include "runtime/cuda/kernels_cuda.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/env.hpp"
@@ -65,9 +66,16 @@ bool has_define(const KernelSpec& k, const char* name, long long value) {
   return false;
 }
 
+long long define_of(const KernelSpec& k, const char* name) {
+  for (const auto& d : k.defines)
+    if (d.first == name) return d.second;
+  return -1;
+}
+
 TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   // Both dq bodies: what the planner picks on sm_90a (wgmma where H % 64 == 0) and the mma.sync one
-  // (the only one elsewhere, and what a tuned config may ask for on sm_90a).
+  // (the only one elsewhere, and what a tuned config may ask for on sm_90a). Likewise both dkv_interm
+  // bodies (wgmma where H % 32 == 0 on sm_90a, mma.sync 64 x 256 otherwise), for every planner shape.
   std::vector<ShapeInfo> shapes;
   for (ShapeInfo s : planner_shapes())
     for (bool sm90a : {true, false}) {
@@ -78,15 +86,21 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   const auto specs = cuda_all_kernels(shapes);
   std::set<std::string> entries;
   int wgmma_dq = 0, mma_dq = 0;
+  std::set<long long> wgmma_dkv_heads, mma_dkv_heads;
   for (const auto& k : specs) {
     entries.insert(k.entry);
     if (k.entry == "smla_dq") ++(has_define(k, "DQ_WGMMA", 1) ? wgmma_dq : mma_dq);
+    if (k.entry == "smla_dkv_interm")
+      (has_define(k, "DKV_WGMMA", 1) ? wgmma_dkv_heads : mma_dkv_heads).insert(define_of(k, "HEADS"));
   }
   // Every phase is represented, and both dq bodies.
   for (const char* e : {"smla_delta", "smla_dq", "smla_dkv_interm", "smla_gather", "smla_d_sink"})
     EXPECT_TRUE(entries.count(e)) << e << " is never planned";
   EXPECT_GT(wgmma_dq, 0);
   EXPECT_GT(mma_dq, 0);
+  // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one.
+  EXPECT_EQ(mma_dkv_heads, (std::set<long long>{16, 32, 64, 128}));
+  EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 64, 128}));
   compile_all("sm_90a", specs);
 }
 
@@ -120,6 +134,99 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   c.dq_block_r = 64;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
+}
+
+TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  auto dkv_of = [](const ShapeInfo& s) {
+    for (const KernelSpec& k : cuda_phase_kernels(Phase::DkvInterm, s)) return k;
+    throw std::runtime_error("no dkv_interm launch");
+  };
+  // sm_90a, H = 128: the wgmma body, its one tile, two warpgroups, its shared-memory formula.
+  KernelSpec k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
+  EXPECT_EQ(define_of(k, "HEADS"), 128);
+  EXPECT_EQ(define_of(k, "BLOCK_R"), SMLA_DKV_WGMMA_ROWS);
+  EXPECT_EQ(define_of(k, "BLOCK_D"), SMLA_DKV_WGMMA_COLS);
+  EXPECT_EQ(define_of(k, "NUM_WARPS"), 8);
+  EXPECT_EQ(define_of(k, "WARPS_M"), 2);
+  EXPECT_EQ(k.block.x, 256u);
+  EXPECT_EQ(k.grid.x, 4096u * (512u / SMLA_DKV_WGMMA_COLS));
+  EXPECT_EQ(k.smem_bytes, smla_dkv_wgmma_smem_bytes(128));
+  EXPECT_LE(k.smem_bytes, 227u * 1024u);
+  // The same shape elsewhere, or the mma.sync body asked for on sm_90a: no DKV_WGMMA define at all
+  // (the mma.sync kernels keep their cache keys), the same 64 x 256 tile with its own smem.
+  for (const char* target : {"sm_80", "sm_90"}) {
+    k = dkv_of(shape_with_config(p, nullptr, budget, target));
+    EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1) << target;
+    EXPECT_EQ(k.smem_bytes, smla_dkv_smem_bytes(128, 64, 256)) << target;
+  }
+  TileConfig mma;
+  mma.dkv_impl = 1;
+  k = dkv_of(shape_with_config(p, &mma, budget, "sm_90a"));
+  EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1);
+  EXPECT_EQ(define_of(k, "BLOCK_R"), 64);
+  EXPECT_EQ(define_of(k, "BLOCK_D"), 256);
+  // The caller's dkv tiles decide the default: 64 x 256 (or one of the two unset) keeps wgmma,
+  // another tile means mma.sync.
+  TileConfig tiles;
+  tiles.dkv_block_r = 64;
+  EXPECT_TRUE(has_define(dkv_of(shape_with_config(p, &tiles, budget, "sm_90a")), "DKV_WGMMA", 1));
+  tiles.dkv_block_d = 128;
+  k = dkv_of(shape_with_config(p, &tiles, budget, "sm_90a"));
+  EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1);
+  EXPECT_EQ(define_of(k, "BLOCK_D"), 128);
+  // H = 32 on sm_90a: K = 64, wgmma; H = 16: K = 32 is not a multiple of 64, so mma.sync.
+  p.H = 32;
+  EXPECT_TRUE(has_define(dkv_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DKV_WGMMA", 1));
+  p.H = 16;
+  EXPECT_EQ(define_of(dkv_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DKV_WGMMA"), -1);
+}
+
+// Asking for the wgmma dkv body where it cannot run: Unsupported, naming the reason, never a silent
+// fallback to mma.sync.
+TEST(NvrtcOffline, DkvWgmmaWhereItCannotRunIsAClearError) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  auto expect_unsupported = [&](const Problem& pr, const TileConfig& c, const std::string& target,
+                                const std::string& reason) {
+    const ShapeInfo s = shape_with_config(pr, &c, budget, target);
+    std::string why;
+    EXPECT_FALSE(cuda_shape_supported(s, &why)) << target << " H=" << pr.H;
+    EXPECT_NE(why.find(reason), std::string::npos) << why;
+    try {
+      cuda_phase_kernels(Phase::DkvInterm, s);
+      ADD_FAILURE() << "planned dkv_impl " << c.dkv_impl << " on " << target << " H=" << pr.H;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::Unsupported);
+      EXPECT_NE(e.message().find(reason), std::string::npos) << e.message();
+    }
+  };
+  TileConfig c;
+  c.dkv_impl = 2;
+  ASSERT_TRUE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), nullptr));  // the legal case
+  expect_unsupported(p, c, "sm_80", "dkv_impl = 2 (wgmma) needs an sm_90a target");
+  expect_unsupported(p, c, "sm_90", "dkv_impl = 2 (wgmma) needs an sm_90a target");
+  Problem h16 = p;
+  h16.H = 16;
+  expect_unsupported(h16, c, "sm_90a", "dkv_impl = 2 (wgmma) needs H a multiple of 32");
+  for (auto [r, d] : std::vector<std::pair<int, int>>{{32, 256}, {64, 128}, {128, 256}}) {
+    TileConfig t = c;
+    t.dkv_block_r = r, t.dkv_block_d = d;
+    expect_unsupported(p, t, "sm_90a", "dkv_impl = 2 (wgmma) has one tile, 64 x 256");
+  }
+  for (int bad : {3, -1}) {
+    TileConfig t;
+    t.dkv_impl = bad;
+    expect_unsupported(p, t, "sm_90a", "dkv_impl = " + std::to_string(bad) + " must be 0 (default), 1 (mma.sync) or 2");
+  }
+  // The mma.sync tile rules still apply to the mma.sync body.
+  TileConfig m;
+  m.dkv_impl = 1, m.dkv_block_r = 48;
+  expect_unsupported(p, m, "sm_90a", "dkv_block_r = 48 must be a multiple of 32");
 }
 
 TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {

@@ -109,6 +109,61 @@ TEST(TuningDb, StoreThenLookupInAnotherInstance) {
   EXPECT_TRUE(fs::exists(path + ".lock"));
 }
 
+// The bodies (dq_impl, dkv_impl) survive a store and a lookup; an entry written before a body
+// existed reads as 0 (the planner's choice); a value out of range rejects the entry with a warning.
+TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  for (int dkv : {0, 1, 2}) {
+    TuningEntry e = entry(64, 16);  // r_chunk 16 divides the three topk values used here
+    e.config.dq_impl = 2 - dkv % 2;
+    e.config.dkv_impl = dkv;
+    TuningDb(path, "v1").store("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv), e);
+  }
+  auto doc = nlohmann::json::parse(read(path));
+  ASSERT_EQ(doc["entries"].size(), 3u);
+  for (auto& [key, v] : doc["entries"].items()) {
+    ASSERT_TRUE(v["config"].contains("dkv_impl")) << key;
+    ASSERT_TRUE(v["config"].contains("dq_impl")) << key;
+  }
+  for (int dkv : {0, 1, 2}) {
+    auto c = TuningDb(path, "v1").lookup("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv));
+    ASSERT_TRUE(c) << dkv;
+    EXPECT_EQ(c->dkv_impl, dkv);
+    EXPECT_EQ(c->dq_impl, 2 - dkv % 2);
+    TileConfig want = entry(64, 16).config;
+    want.dq_impl = 2 - dkv % 2;
+    want.dkv_impl = dkv;
+    EXPECT_EQ(*c, want);
+  }
+  // TileConfig::operator== sees dkv_impl.
+  TileConfig a, b;
+  b.dkv_impl = 2;
+  EXPECT_FALSE(a == b);
+
+  // Rewrite the file by hand: one entry without the body keys (an older smla), one with dkv_impl
+  // out of range, one with dkv_impl not an integer.
+  const Problem old_p = problem(4096, 128, 5120, 512), range_p = problem(4096, 128, 5120, 528),
+                type_p = problem(4096, 128, 5120, 544);
+  auto& entries = doc["entries"];
+  entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dkv_impl");
+  entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dq_impl");
+  entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 3;
+  entries[tuning_key("sm_90a", type_p, "v1")]["config"]["dkv_impl"] = "2";
+  std::ofstream(path, std::ios::trunc) << doc.dump();
+  TuningDb db(path, "v1");
+  auto old_c = db.lookup("sm_90a", old_p);
+  ASSERT_TRUE(old_c) << "an entry without dkv_impl must still be read";
+  EXPECT_EQ(old_c->dkv_impl, 0);
+  EXPECT_EQ(old_c->dq_impl, 0);
+  EXPECT_EQ(old_c->dq_block_h, 64);
+  EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 3 was accepted";
+  EXPECT_FALSE(db.lookup("sm_90a", type_p)) << "dkv_impl = \"2\" was accepted";
+  const auto w = db.warnings();
+  ASSERT_EQ(w.size(), 2u);
+  for (const auto& m : w) EXPECT_NE(m.find("malformed entry"), std::string::npos) << m;
+}
+
 TEST(TuningDb, CallerRChunkAndInterimBudgetWin) {
   TempDir d;
   TuningDb db(d.path + "/t.json", "v1");
@@ -133,6 +188,19 @@ TEST(TuningDb, ShapeWithConfigMatchesPlan) {
   EXPECT_EQ(s.dq_block_h, 16);
   EXPECT_EQ(s.dkv_block_d, 64);
   EXPECT_EQ(s.n_chunks, 5);
+  EXPECT_EQ(s.dq_impl, 0);
+  EXPECT_EQ(s.dkv_impl, 0);
+  // The bodies are copied too, and the target's features set.
+  TileConfig bodies = cfg;
+  bodies.dq_impl = 1, bodies.dkv_impl = 2;
+  const ShapeInfo b = shape_with_config(p, &bodies, size_t(2) << 30, "sm_90a");
+  EXPECT_EQ(b.dq_impl, 1);
+  EXPECT_EQ(b.dkv_impl, 2);
+  EXPECT_TRUE(b.sm90a);
+  ShapeInfo applied;
+  apply_config(applied, &bodies, "sm_80");
+  EXPECT_EQ(applied.dkv_impl, 2);
+  EXPECT_FALSE(applied.sm90a);
 }
 
 // Four processes store 25 entries each, interleaved: a read-modify-write without the lock loses

@@ -232,6 +232,42 @@ TEST(Warmup, TPolicyNewTReusesTheKernels) {
   EXPECT_EQ(t9000, k9000);
 }
 
+// The dkv_interm body: the heuristic on sm_90a lists the wgmma one (H = 128), elsewhere the
+// mma.sync one; a tuned dkv_impl = 1 in the database switches sm_90a's warm-up to mma.sync.
+TEST(Warmup, DkvBodyFollowsTargetAndTunedConfig) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path + "/aot";
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  auto dkv_tags = [&](const std::string& target) {
+    const WarmupResult r = warm_kernels({seed_problem()}, {target}, o);
+    EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
+    std::vector<std::string> tags;
+    for (const auto& it : r.items)
+      if (it.kernel == "dkv_interm") tags.push_back(it.tag);
+    return tags;
+  };
+  auto wgmma = [](const std::vector<std::string>& tags) {
+    return tags.size() == 1 && tags[0].find("DKV_WGMMA1") != std::string::npos;
+  };
+  const auto h90a = dkv_tags("sm_90a"), h80 = dkv_tags("sm_80");
+  ASSERT_EQ(h90a.size(), 1u);
+  ASSERT_EQ(h80.size(), 1u);
+  EXPECT_TRUE(wgmma(h90a)) << h90a[0];
+  EXPECT_EQ(h80[0].find("DKV_WGMMA"), std::string::npos) << h80[0];
+
+  o.use_tuning_db = true;
+  o.tuning_db = scratch.path + "/tuning.json";
+  TuningEntry e;
+  e.config.dkv_impl = 1;
+  TuningDb(o.tuning_db).store("sm_90a", seed_problem(), e);
+  const auto t90a = dkv_tags("sm_90a");
+  ASSERT_EQ(t90a.size(), 1u);
+  EXPECT_EQ(t90a[0].find("DKV_WGMMA"), std::string::npos) << "the tuned dkv_impl = 1 was not applied: " << t90a[0];
+  EXPECT_NE(t90a[0].find("BLOCK_R64-BLOCK_D256"), std::string::npos) << t90a[0];
+}
+
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
   TempDir scratch;
   WarmupOptions o;

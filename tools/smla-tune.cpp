@@ -77,13 +77,15 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
   r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
   r.r_chunk = s.r_chunk;
   r.dq_impl = define_of(dq, "DQ_WGMMA") ? 2 : 1;
+  r.dkv_impl = define_of(dkv, "DKV_WGMMA") ? 2 : 1;
   return r;
 }
 
 std::string label(const smla::TileConfig& c) {
-  char b[112];
-  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %3dx%-3d rc %lld", c.dq_impl == 2 ? "wgmma" : "mma  ", c.dq_block_h,
-                c.dq_block_r, c.dkv_block_r, c.dkv_block_d, (long long)c.r_chunk);
+  char b[128];
+  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 2 ? "wgmma" : "mma  ",
+                c.dq_block_h, c.dq_block_r, c.dkv_impl == 2 ? "wgmma" : "mma  ", c.dkv_block_r, c.dkv_block_d,
+                (long long)c.r_chunk);
   return b;
 }
 
@@ -101,18 +103,19 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
   for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
     if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
-    for (int impl : {2, 1})  // dq body: wgmma (sm_90a only; its one tile is 64 x 32), mma.sync
-      for (int bh : {16, 32, 64})
-        for (int br : {32, 64})
-          for (int kr : {32, 64, 128})
-            for (int kd : {64, 128, 256}) {
-              Candidate c;
-              c.cfg = smla::TileConfig{bh, br, kr, kd, rc, impl};
-              if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget, target), nullptr)) continue;
-              c.resolved = resolve(p, c.cfg, budget, target);
-              if (c.resolved == h.resolved) continue;  // the heuristic is already in
-              out.push_back(c);
-            }
+    for (int impl : {2, 1})      // dq body: wgmma (sm_90a only; its one tile is 64 x 32), mma.sync
+      for (int dimpl : {2, 1})   // dkv body: wgmma (sm_90a, H % 32 == 0; only its 64 x 256 tile passes), mma.sync
+        for (int bh : {16, 32, 64})
+          for (int br : {32, 64})
+            for (int kr : {32, 64, 128})
+              for (int kd : {64, 128, 256}) {
+                Candidate c;
+                c.cfg = smla::TileConfig{bh, br, kr, kd, rc, impl, dimpl};
+                if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget, target), nullptr)) continue;
+                c.resolved = resolve(p, c.cfg, budget, target);
+                if (c.resolved == h.resolved) continue;  // the heuristic is already in
+                out.push_back(c);
+              }
   }
   return out;
 }
@@ -204,7 +207,8 @@ double time_config(smla::Runtime& rt, const smla::Problem& p, const smla::TileCo
 
 nlohmann::json cfg_json(const smla::TileConfig& c) {
   return {{"dq_block_h", c.dq_block_h}, {"dq_block_r", c.dq_block_r}, {"dkv_block_r", c.dkv_block_r},
-          {"dkv_block_d", c.dkv_block_d}, {"r_chunk", c.r_chunk}, {"dq_impl", c.dq_impl}};
+          {"dkv_block_d", c.dkv_block_d}, {"r_chunk", c.r_chunk}, {"dq_impl", c.dq_impl},
+          {"dkv_impl", c.dkv_impl}};
 }
 
 nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, const Options& o) {
@@ -289,10 +293,10 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
     for (const Candidate& c : cands)
       if (c.state == "timed") timed.push_back(&c);
     std::sort(timed.begin(), timed.end(), [](const Candidate* a, const Candidate* b) { return a->ms < b->ms; });
-    std::printf("\n%-4s %-36s %10s\n", "rank", "config", "ms");
+    std::printf("\n%-4s %-44s %10s\n", "rank", "config", "ms");
     for (size_t i = 0; i < timed.size(); ++i)
       if (i < 10 || timed[i]->heuristic)
-        std::printf("%-4zu %-36s %10.4f%s\n", i + 1, label(timed[i]->resolved).c_str(), timed[i]->ms,
+        std::printf("%-4zu %-44s %10.4f%s\n", i + 1, label(timed[i]->resolved).c_str(), timed[i]->ms,
                     timed[i]->heuristic ? "  <- heuristic" : "");
     if (best && h.state == "timed")
       std::printf("tuned %.4f ms vs heuristic %.4f ms: ratio tuned/heuristic %.3f (%zu of %zu tried, %d wrong, %d "

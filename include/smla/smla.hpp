@@ -162,9 +162,12 @@ struct TileConfig {
   int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
   /// dq body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA (sm_90a, H % 64 == 0).
   int dq_impl = 0;
+  /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
+  /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256).
+  int dkv_impl = 0;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
-           dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl;
+           dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl && dkv_impl == o.dkv_impl;
   }
 };
 

@@ -25,6 +25,7 @@ constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must
 struct Tiles {
   int dq_impl;  // 1 mma.sync, 2 wgmma
   int dq_block_h, dq_block_r, dq_warps;
+  int dkv_impl;  // 1 mma.sync, 2 wgmma
   int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
 };
 
@@ -39,6 +40,11 @@ int default_dq_block_h(int H) {
 // The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups.
 constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8;
 
+// The dkv_interm wgmma body's only tile: 64 slot rows (wgmma's M) x 256 columns, two warpgroups;
+// its K = 2H must be a multiple of 64 (H % 32 == 0).
+constexpr int kDkvWgmmaBlockR = SMLA_DKV_WGMMA_ROWS, kDkvWgmmaBlockD = SMLA_DKV_WGMMA_COLS, kDkvWgmmaWarps = 8;
+constexpr int kDkvWgmmaHeads = 32;
+
 Tiles tiles_of(const ShapeInfo& s) {
   Tiles t{};
   // Default dq body: wgmma on sm_90a when its one tile fits the shape and the caller's tiles.
@@ -49,10 +55,15 @@ Tiles tiles_of(const ShapeInfo& s) {
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
   // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups.
   t.dq_warps = t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
-  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : 64;
-  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : 256;
-  t.dkv_warps = 8;
-  t.dkv_warps_m = 2;
+  // Default dkv body: wgmma on sm_90a when the shape and the caller's tiles allow its one tile.
+  const bool dkv_wgmma_fits = s.H % kDkvWgmmaHeads == 0 &&
+                              (s.dkv_block_r == 0 || s.dkv_block_r == kDkvWgmmaBlockR) &&
+                              (s.dkv_block_d == 0 || s.dkv_block_d == kDkvWgmmaBlockD);
+  t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? 2 : 1);
+  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : t.dkv_impl == 2 ? kDkvWgmmaBlockR : 64;
+  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : t.dkv_impl == 2 ? kDkvWgmmaBlockD : 256;
+  t.dkv_warps = t.dkv_impl == 2 ? kDkvWgmmaWarps : 8;
+  t.dkv_warps_m = 2;  // mma.sync's warp grid; passed to the wgmma body too, which ignores it
   return t;
 }
 
@@ -65,6 +76,10 @@ unsigned dq_smem_bytes(int block_h, int block_r) {
 
 unsigned dq_smem_of(const Tiles& t) {
   return t.dq_impl == 2 ? smla_dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
+}
+
+unsigned dkv_smem_of(const Tiles& t, int H) {
+  return t.dkv_impl == 2 ? smla_dkv_wgmma_smem_bytes(H) : smla_dkv_smem_bytes(H, t.dkv_block_r, t.dkv_block_d);
 }
 
 }  // namespace
@@ -92,14 +107,29 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (dq_smem_of(t) > kMaxSmem)
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
       << kMaxSmem << "); ";
-  // dkv_interm: warp tile (BLOCK_R/2) x (BLOCK_D/4), multiples of 16; <= 128 fp32 accumulators per thread.
-  if (t.dkv_block_r < 32 || t.dkv_block_r % 32 != 0) e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
-  if (t.dkv_block_d < 64 || t.dkv_block_d % 64 != 0 || SMLA_D % t.dkv_block_d != 0)
-    e << "dkv_block_d = " << t.dkv_block_d << " must be a multiple of 64 dividing 512; ";
-  if (t.dkv_block_r * t.dkv_block_d > 32768) e << "dkv tile " << t.dkv_block_r << "x" << t.dkv_block_d << " exceeds 32768 outputs; ";
-  if (smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) > kMaxSmem)
-    e << "dkv_interm tile needs " << smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) << " B of shared memory (max "
-      << kMaxSmem << "); ";
+  // dkv_interm
+  if (t.dkv_impl < 1 || t.dkv_impl > 2)
+    e << "dkv_impl = " << t.dkv_impl << " must be 0 (default), 1 (mma.sync) or 2 (wgmma); ";
+  if (t.dkv_impl == 2) {
+    if (!s.sm90a) e << "dkv_impl = 2 (wgmma) needs an sm_90a target; ";
+    if (s.H % kDkvWgmmaHeads != 0)
+      e << "dkv_impl = 2 (wgmma) needs H a multiple of 32 (K = 2H a multiple of 64; H = " << s.H << "); ";
+    if (t.dkv_block_r != kDkvWgmmaBlockR || t.dkv_block_d != kDkvWgmmaBlockD)
+      e << "dkv_impl = 2 (wgmma) has one tile, " << kDkvWgmmaBlockR << " x " << kDkvWgmmaBlockD << " (asked "
+        << t.dkv_block_r << "x" << t.dkv_block_d << "); ";
+  }
+  if (t.dkv_impl == 1) {
+    // mma.sync: warp tile (BLOCK_R/2) x (BLOCK_D/4), multiples of 16; <= 128 fp32 accumulators per thread.
+    if (t.dkv_block_r < 32 || t.dkv_block_r % 32 != 0)
+      e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
+    if (t.dkv_block_d < 64 || t.dkv_block_d % 64 != 0 || SMLA_D % t.dkv_block_d != 0)
+      e << "dkv_block_d = " << t.dkv_block_d << " must be a multiple of 64 dividing 512; ";
+    if (t.dkv_block_r * t.dkv_block_d > 32768)
+      e << "dkv tile " << t.dkv_block_r << "x" << t.dkv_block_d << " exceeds 32768 outputs; ";
+  }
+  if (dkv_smem_of(t, s.H) > kMaxSmem)
+    e << "dkv_interm tile " << t.dkv_block_r << "x" << t.dkv_block_d << " needs " << dkv_smem_of(t, s.H)
+      << " B of shared memory (max " << kMaxSmem << "); ";
   // csr
   if (s.radix_bits < 1 || s.radix_bits > 8) e << "radix_bits = " << s.radix_bits << " must be in [1, 8]; ";
   if (s.csr_tile_items < kSmallThreads || s.csr_tile_items % kSmallThreads != 0 || s.csr_tile_items > kCsrMaxTile)
@@ -132,15 +162,17 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
                         dq_smem_of(t))};
     }
-    case Phase::DkvInterm:
-      return {make_spec("dkv_interm", "smla_dkv_interm",
-                   {{"HEADS", s.H},
-                    {"BLOCK_R", t.dkv_block_r},
-                    {"BLOCK_D", t.dkv_block_d},
-                    {"NUM_WARPS", t.dkv_warps},
-                    {"WARPS_M", t.dkv_warps_m}},
-                   grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
-                   smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d))};
+    case Phase::DkvInterm: {
+      std::vector<std::pair<std::string, long long>> d{{"HEADS", s.H},
+                                                       {"BLOCK_R", t.dkv_block_r},
+                                                       {"BLOCK_D", t.dkv_block_d},
+                                                       {"NUM_WARPS", t.dkv_warps},
+                                                       {"WARPS_M", t.dkv_warps_m}};
+      if (t.dkv_impl == 2) d.emplace_back("DKV_WGMMA", 1);
+      return {make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
+                        grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
+                        dkv_smem_of(t, s.H))};
+    }
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
                                                              {"CSR_TILE_ITEMS", s.csr_tile_items},
