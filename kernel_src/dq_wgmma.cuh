@@ -191,9 +191,10 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
         const int col = 8 * i + 2 * (lane % 4) + e;
         const float mine = wg == 0 ? sd[r] : sd[8 + r];
         const float s_ = wg == 0 ? mine : other[r], dp_ = wg == 0 ? other[r] : mine;
+        // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
         const bool valid = flag[col] != 0;
-        const float pe = valid ? exp2f(fmaf(s_, sl2, -(half ? lb : la))) : 0.f;
-        const float dv = valid ? pe * (dp_ - (half ? dlb : dla)) * p.scale : 0.f;
+        const float pe = exp2f(valid ? fmaf(s_, sl2, -(half ? lb : la)) : -__int_as_float(0x7f800000));
+        const float dv = pe * (dp_ - (half ? dlb : dla)) * p.scale;
         const unsigned so = dqw_swz(col, half ? hl_b : hl_a);
         *reinterpret_cast<smla_bf16*>(sP + so) = dqw_bf16(pe);
         *reinterpret_cast<smla_bf16*>(sDS + so) = dqw_bf16(dv);
