@@ -39,18 +39,13 @@
 static_assert(DKW_BBYTES + 2 * DKW_ABYTES + 2 * DKW_OBYTES + 1024 == smla_dkv_wgmma_smem_bytes(HEADS),
               "dkv_wgmma's shared-memory carve and smla_dkv_wgmma_smem_bytes() disagree");
 
-// Byte offset of element (row, col) of a [rows][64] bf16 block with the 128-byte swizzle.
-__device__ __forceinline__ unsigned dkw_swz(int row, int col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
-}
-
 // Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero.
 __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t, int tile) {
   constexpr int PIECES = DKW_K / 8, HALF = HEADS / 8;  // 16-byte pieces of a row; of its ds half
   for (int i = threadIdx.x; i < 64 * PIECES; i += DKW_THREADS) {
     const int row = i / PIECES, c = i % PIECES;
     const int rr = tile * 64 + row;
-    char* dst = sa + (c >> 3) * DKW_ACHUNK + dkw_swz(row, (c & 7) * 8);
+    char* dst = sa + (c >> 3) * DKW_ACHUNK + smla_swz128(row, (c & 7) * 8);
     if (rr < p.r_chunk) {
       const long long base = ((long long)t * p.r_chunk + rr) * HEADS;
       smla_cp_async16(dst, c < HALF ? p.ds + base + c * 8 : p.pm + base + (c - HALF) * 8);
@@ -81,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
   for (int i = threadIdx.x; i < DKW_K * 32; i += DKW_THREADS) {
     const int k = i / 32, c = i % 32;  // c: 16-byte piece of the 512-byte row
     const smla_bf16* src = k < HEADS ? p.q + t * p.q_st + k * p.q_sh : p.dout + t * p.do_st + (k - HEADS) * p.do_sh;
-    smla_cp_async16(sB + (c >> 3) * DKW_BCHUNK + dkw_swz(k, (c & 7) * 8), src + d0 + c * 8);
+    smla_cp_async16(sB + (c >> 3) * DKW_BCHUNK + smla_swz128(k, (c & 7) * 8), src + d0 + c * 8);
   }
   if (n_tiles > 0) dkw_load_a(p, sA, t, 0);
   smla_cp_async_commit();
@@ -122,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = 16 * warp + lane / 4 + 8 * half;
-        *reinterpret_cast<unsigned*>(so + (i >> 3) * DKW_OCHUNK + dkw_swz(row, (i & 7) * 8 + 2 * (lane % 4))) =
+        *reinterpret_cast<unsigned*>(so + (i >> 3) * DKW_OCHUNK + smla_swz128(row, (i & 7) * 8 + 2 * (lane % 4))) =
             smla_pack_bf2_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
       }
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the warpgroup's staging tile is written
@@ -133,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
       const int idx = it * 128 + tw, row = idx / 16, pc = idx % 16;
       const int rr = tile * 64 + row;
       if (rr < r_chunk) {
-        const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * DKW_OCHUNK + dkw_swz(row, (pc & 7) * 8));
+        const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * DKW_OCHUNK + smla_swz128(row, (pc & 7) * 8));
         *reinterpret_cast<uint4*>(p.interm + ((long long)t * r_chunk + rr) * SMLA_D + d0 + 128 * wg + pc * 8) = v;
       }
     }

@@ -51,11 +51,6 @@ static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES 
 #error "the wgmma dq body needs sm_90a"
 #endif
 
-// Byte offset of element (row, col) of a [rows][64] bf16 block with the 128-byte swizzle.
-__device__ __forceinline__ unsigned dqw_swz(int row, int col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
-}
-
 // Top-k indices of tile `tile` of the chunk into `sidx` (BLOCK_R ints); -1 past the chunk or the top-k.
 __device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* topk_row, int* sidx, int tile) {
   if (threadIdx.x < BLOCK_R) {
@@ -75,7 +70,7 @@ __device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, const int
   const int row = i / 64, c = i % 64;
   const int k = sidx[row];
   const bool valid = smla_valid_index(k, p.num_kv);
-  char* dst = skv + (c >> 3) * DQW_KVCHUNK + dqw_swz(row, (c & 7) * 8);
+  char* dst = skv + (c >> 3) * DQW_KVCHUNK + smla_swz128(row, (c & 7) * 8);
   if (valid)
     smla_cp_async16(dst, p.kv + (long long)k * p.kv_s + c * 8);
   else
@@ -121,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
   for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
     const int hh = i / 64, c = i % 64;
-    const unsigned off = (c >> 3) * (64 * 128) + dqw_swz(hh, (c & 7) * 8);
+    const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
     smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
     smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
   }
@@ -204,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
         const bool valid = flag[col] != 0;
         const float pe = exp2f(valid ? fmaf(s_, sl2, -(half ? lb : la)) : -__int_as_float(0x7f800000));
         const float dv = pe * (dp_ - (half ? dlb : dla)) * p.scale;
-        const unsigned so = dqw_swz(col, half ? hl_b : hl_a);
+        const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
         *reinterpret_cast<smla_bf16*>(sP + so) = dqw_bf16(pe);
         *reinterpret_cast<smla_bf16*>(sDS + so) = dqw_bf16(dv);
       }
@@ -229,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       const int rr = tile * BLOCK_R + rl;
       if (rr < r_chunk) {
         const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
-        const unsigned so = dqw_swz(rl, c * 8);
+        const unsigned so = smla_swz128(rl, c * 8);
         *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
         *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
       }

@@ -36,6 +36,10 @@ __device__ __forceinline__ void smla_wgmma_wait() {
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // async proxy that wgmma reads through; follow it with a barrier.
 __device__ __forceinline__ void smla_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Byte offset of element (row, col) of a [rows][64] bf16 operand block with the 128-byte swizzle.
+__device__ __forceinline__ unsigned smla_swz128(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+}
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 template <int N>
 __device__ __forceinline__ void smla_fence_regs(float (&d)[N]) {
