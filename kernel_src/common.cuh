@@ -126,6 +126,12 @@ __device__ __forceinline__ void smla_mma_bf16(float (&d)[4], const unsigned (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// smla_f2bf in one instruction (sm_80+): the same bits for every finite value and infinities.
+__device__ __forceinline__ smla_bf16 smla_f2bf_rn(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return (smla_bf16)r;
+}
 // smla_pack_bf2 in one instruction (sm_80+): round to nearest even, the same bits for every
 // finite value and infinities (a NaN stays a NaN, its payload may differ).
 __device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {

@@ -58,7 +58,7 @@ __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t,
 extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   char* base = reinterpret_cast<char*>(smem_u4);
-  base += (1024u - (smla_smem_addr(base) & 1023u)) & 1023u;  // the host asks for 1 KB of slack
+  base = smla_align1024(base);  // the host asks for 1 KB of slack
   char* sB = base;
   char* sA = sB + DKW_BBYTES;  // two buffers
   char* sOut = sA + 2 * DKW_ABYTES;

@@ -84,18 +84,12 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* sidx
   for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) dqw_load_kv_piece(p, sidx, skv, sflag, j);
 }
 
-// Round to bf16, nearest even, in one instruction: the same bits as smla_f2bf for every finite value.
-__device__ __forceinline__ smla_bf16 dqw_bf16(float f) {
-  unsigned short r;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-  return (smla_bf16)r;
-}
 
 extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
   char* base = reinterpret_cast<char*>(smem_u4);
-  base += (1024u - (smla_smem_addr(base) & 1023u)) & 1023u;
+  base = smla_align1024(base);
   char* sQ = base;
   char* sDO = sQ + DQW_QBYTES;
   char* sKV = sDO + DQW_QBYTES;  // two buffers
@@ -200,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
         const float pe = exp2f(valid ? fmaf(s_, sl2, -(half ? lb : la)) : -__int_as_float(0x7f800000));
         const float dv = pe * (dp_ - (half ? dlb : dla)) * p.scale;
         const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
-        *reinterpret_cast<smla_bf16*>(sP + so) = dqw_bf16(pe);
-        *reinterpret_cast<smla_bf16*>(sDS + so) = dqw_bf16(dv);
+        *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe);
+        *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
       }
     }
     smla_fence_proxy_async();  // both wrote dS

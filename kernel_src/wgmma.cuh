@@ -29,6 +29,11 @@ __device__ __forceinline__ void smla_wgmma_wait() {
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // async proxy that wgmma reads through; follow it with a barrier.
 __device__ __forceinline__ void smla_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The first 1024-byte aligned address at or after `p` in shared memory (swizzle atoms need it; a
+// kernel that uses it asks the host for 1 KB more than its carve).
+__device__ __forceinline__ char* smla_align1024(char* p) {
+  return p + ((1024u - (smla_smem_addr(p) & 1023u)) & 1023u);
+}
 // Byte offset of element (row, col) of a [rows][64] bf16 operand block with the 128-byte swizzle.
 __device__ __forceinline__ unsigned smla_swz128(int row, int col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
