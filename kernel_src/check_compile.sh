@@ -3,11 +3,15 @@
 #
 # 1. Builds a small generator from runtime/cuda/kernels_cuda.cpp that lists every distinct
 #    kernel (stem, entry, defines) for H in {16,64,128} x TOPK in {64,160,512,640,1152} x
-#    r_chunk in {topk, a smaller divisor} (with and without sink / index checks), renders each
-#    translation unit as the runtime does (#define lines, then the .cu), and compiles it with
-#    NVRTC for sm_90a (headers handed over by name, as the runtime does).
-# 2. Compiles the same rendered units with nvcc for sm_90a and sm_80, and each .cu with no defines.
-# 3. Fails on any error, on spills or stack in dq/dkv_interm, and when their SASS has no HMMA.
+#    r_chunk in {topk, a smaller divisor} (with and without sink / index checks), for a plain
+#    target and for sm_90a (the wgmma bodies), renders each translation unit as the runtime does
+#    (#define lines, then the .cu), and compiles it with NVRTC for sm_90a (every kernel_src
+#    header handed over by name, as the runtime does).
+# 2. Compiles the same rendered units with nvcc for sm_90a and (mma.sync units only) sm_80, and
+#    each .cu with no defines.
+# 3. Fails on any error, on spills or stack in dq/dkv_interm, when their SASS has no HMMA (HGMMA
+#    for the wgmma bodies), and when ptxas serializes wgmma (C7514/C7518: every wgmma of the
+#    kernel waits for the previous one; found once in a dkv_interm pipeline, see perf-notes).
 # Usage: kernel_src/check_compile.sh [work_dir]     exit status 0 = all good
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -24,6 +28,7 @@ CUOBJDUMP="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
 
 cat > "$WORK/gen.cpp" <<'CPP'
 #include <cstdio>
+#include <dirent.h>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -38,11 +43,12 @@ static std::string slurp(const std::string& p) { std::ifstream f(p); std::string
 int main(int argc, char** argv) {
   const std::string src = argv[1], out = argv[2], cuda_inc = argv[3];
   std::vector<smla::ShapeInfo> shapes;
+  for (int sm90a = 0; sm90a < 2; ++sm90a)
   for (int H : {16, 64, 128}) for (int topk : {64, 160, 512, 640, 1152})
     for (int div : {1, 2, 5}) for (int flags = 0; flags < 2; ++flags) {
       if (topk % div) continue;
       smla::ShapeInfo s; s.T = 4096; s.H = H; s.topk = topk; s.num_kv = 5120;
-      s.r_chunk = topk / div; s.n_chunks = div; s.has_sink = flags; s.check_indices = flags;
+      s.r_chunk = topk / div; s.n_chunks = div; s.has_sink = flags; s.check_indices = flags; s.sm90a = sm90a;
       int bits = 0; while ((s.num_kv >> bits) != 0) ++bits;  // keys 0..num_kv
       s.radix_passes = (bits + s.radix_bits - 1) / s.radix_bits;
       s.csr_tiles = (int)(((long long)s.T * s.r_chunk + s.csr_tile_items - 1) / s.csr_tile_items);
@@ -50,9 +56,18 @@ int main(int argc, char** argv) {
       if (!smla::cuda_shape_supported(s, &why)) { std::fprintf(stderr, "unsupported H=%d topk=%d: %s\n", H, topk, why.c_str()); return 1; }
       shapes.push_back(s);
     }
-  const char* hdr_names[] = {"smla_params.h", "common.cuh"};
-  const std::string hdr_text[] = {slurp(src + "/smla_params.h"), slurp(src + "/common.cuh")};
-  const char* hdrs[] = {hdr_text[0].c_str(), hdr_text[1].c_str()};
+  // every header of kernel_src (.h, .cuh), by name
+  std::vector<std::string> hdr_name_s, hdr_text;
+  if (DIR* d = opendir(src.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if ((n.size() > 2 && n.substr(n.size() - 2) == ".h") || (n.size() > 4 && n.substr(n.size() - 4) == ".cuh"))
+        hdr_name_s.push_back(n), hdr_text.push_back(slurp(src + "/" + n));
+    }
+    closedir(d);
+  }
+  std::vector<const char*> hdr_names, hdrs;
+  for (size_t i = 0; i < hdr_text.size(); ++i) hdr_names.push_back(hdr_name_s[i].c_str()), hdrs.push_back(hdr_text[i].c_str());
   std::map<std::string, std::string> units;  // file name -> text (one per stem + defines)
   int bad = 0;
   for (const smla::KernelSpec& k : smla::cuda_all_kernels(shapes)) {
@@ -63,7 +78,7 @@ int main(int argc, char** argv) {
     if (!units.emplace(name, text).second) continue;
     std::ofstream(out + "/" + name + ".cu") << text;
     nvrtcProgram prog;
-    nvrtcCreateProgram(&prog, text.c_str(), (k.stem + ".cu").c_str(), 2, hdrs, hdr_names);
+    nvrtcCreateProgram(&prog, text.c_str(), (k.stem + ".cu").c_str(), (int)hdrs.size(), hdrs.data(), hdr_names.data());
     const std::string inc1 = "-I" + cuda_inc + "/cccl", inc2 = "-I" + cuda_inc;
     const char* opts[] = {"-arch=sm_90a", "-std=c++17", inc1.c_str(), inc2.c_str()};
     nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
@@ -89,19 +104,27 @@ compile() {  # file arch label
   fi
   case "$(basename "$f")" in dq*|dkv_interm*)
     if grep -Eq "[1-9][0-9]* bytes (stack frame|spill)" "$out.log"; then echo "FAIL: spills/stack in $f ($arch)"; grep -E "registers|stack|spill" "$out.log"; fail=1; fi
+    if grep -Eq "C7514|C7518" "$out.log"; then echo "FAIL: ptxas serializes wgmma in $f ($arch)"; grep -E "C751" "$out.log"; fail=1; fi
+    local mma=HMMA; grep -Eq "^#define (DQ|DKV)_WGMMA 1$" "$f" && mma=HGMMA
     if [ -n "$CUOBJDUMP" ]; then
       if ! "$CUOBJDUMP" -sass "$out.cubin" > "$out.sass" 2>&1; then echo "FAIL: cuobjdump $out.cubin"; cat "$out.sass"; fail=1
-      elif ! grep -q HMMA "$out.sass"; then echo "FAIL: no HMMA in $f ($arch)"; fail=1; fi
+      elif ! grep -q "$mma" "$out.sass"; then echo "FAIL: no $mma in $f ($arch)"; fail=1; fi
     else  # weaker: the PTX must carry mma.sync (no cuobjdump on this machine)
+      local ptx_mma=mma.sync; [ "$mma" = HGMMA ] && ptx_mma=wgmma.mma_async
       if ! nvcc "${NVCC_FLAGS[@]/-cubin/-ptx}" -arch="${arch/sm_/compute_}" -o "$out.ptx" "$f" > /dev/null 2>&1 ||
-         ! grep -q "mma.sync" "$out.ptx"; then
-        echo "FAIL: no mma.sync in $f ($arch)"; fail=1; fi
+         ! grep -q "$ptx_mma" "$out.ptx"; then
+        echo "FAIL: no $ptx_mma in $f ($arch)"; fail=1; fi
     fi ;;
   esac
   printf '   %-6s %-70s %s\n' "$arch" "$(basename "$f")" "$(grep -E 'Used [0-9]+ registers' "$out.log" | sed -E 's/.*Used ([0-9]+) registers.*/\1/' | paste -sd, -) regs"
 }
 echo "== nvcc: rendered units, sm_90a and sm_80"
-for f in "$WORK"/units/*.cu; do for a in sm_90a sm_80; do compile "$f" "$a"; done; done
+for f in "$WORK"/units/*.cu; do
+  for a in sm_90a sm_80; do
+    if [ "$a" = sm_80 ] && grep -Eq "^#define (DQ|DKV)_WGMMA 1$" "$f"; then continue; fi  # the wgmma bodies are sm_90a only
+    compile "$f" "$a"
+  done
+done
 echo "== nvcc: each .cu alone (defaults)"
 for f in "$HERE"/*.cu; do for a in sm_90a sm_80; do compile "$f" "$a"; done; done
 if [ "$fail" -ne 0 ]; then echo "check_compile: FAILED (work dir $WORK)"; exit 1; fi
