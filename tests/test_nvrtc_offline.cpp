@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -102,6 +103,36 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   EXPECT_EQ(mma_dkv_heads, (std::set<long long>{16, 32, 64, 128}));
   EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 64, 128}));
   compile_all("sm_90a", specs);
+}
+
+TEST(NvrtcOffline, WgmmaBodiesNeitherSpillNorSerialize) {
+  // ptxas's report on every wgmma variant the planner makes: no local memory, and no "wgmma
+  // serialized" diagnostics (C7514/C7518: every wgmma of the kernel then waits for the one before,
+  // which a dkv_interm software pipeline once caused without any error).
+  std::vector<ShapeInfo> shapes;
+  for (ShapeInfo s : planner_shapes()) {
+    s.sm90a = true;
+    if (cuda_shape_supported(s, nullptr)) shapes.push_back(s);
+  }
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << why;
+  nvrtc.extra_options = {"--ptxas-options=-v"};
+  KernelSources sources;
+  int checked = 0;
+  for (const KernelSpec& k : cuda_all_kernels(shapes)) {
+    if (!has_define(k, "DQ_WGMMA", 1) && !has_define(k, "DKV_WGMMA", 1)) continue;
+    const CompileResult r = nvrtc.compile(sources.render(k, "cuda"), "sm_90a");
+    std::string name = k.stem;
+    for (const auto& d : k.defines) name += " " + d.first + "=" + std::to_string(d.second);
+    EXPECT_NE(r.log.find("Used "), std::string::npos) << name << ": no ptxas report in the log:\n" << r.log;
+    EXPECT_FALSE(std::regex_search(r.log, std::regex("[1-9][0-9]* bytes (stack frame|spill)")))
+        << name << " uses local memory:\n" << r.log;
+    EXPECT_EQ(r.log.find("C7514"), std::string::npos) << name << ": wgmma serialized\n" << r.log;
+    EXPECT_EQ(r.log.find("C7518"), std::string::npos) << name << ": wgmma serialized\n" << r.log;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);  // dq and dkv_interm, at several H
 }
 
 TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {

@@ -81,6 +81,7 @@ CompileResult NvrtcCompiler::compile(const RenderedSource& src, const std::strin
     throw Error(Status::CompileError, nvrtc().GetErrorString(r), __FILE__, __LINE__, "nvrtcCreateProgram");
 
   std::vector<std::string> opts = options(target);
+  opts.insert(opts.end(), extra_options.begin(), extra_options.end());
   const std::string inc = cuda_include_dir();
   opts.push_back("-I" + inc + "/cccl");
   opts.push_back("-I" + inc);

@@ -12,6 +12,10 @@ class NvrtcCompiler : public RtcCompiler {
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
+
+  /// Appended to options() for compile() only: NOT in the cache key, so never set on a compiler
+  /// whose results are cached. Tests use it for ptxas's report (--ptxas-options=-v).
+  std::vector<std::string> extra_options;
 };
 
 /// Reads `#define NAME <value>` from a header file; empty when absent.
