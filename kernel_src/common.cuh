@@ -9,6 +9,7 @@
 #ifndef SMLA_COMMON_CUH
 #define SMLA_COMMON_CUH
 
+#include "smla_params.h"  // SMLA_LSE_* bits
 #include "portable.h"  // SMLA_HD, SMLA_DEVICE_CODE, SMLA_SHFL_XOR: CUDA/HIP spellings
 
 // Every bf16 row in shared memory is padded by 8 elements (16 bytes): a row stride of 16*(odd)
@@ -166,6 +167,19 @@ __device__ __forceinline__ int smla_warp_min_i(int v) {
 
 // An empty slot: anything outside [0, num_kv).
 __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
+
+// The caller's lse `l` of head h as natural-log and sink-inclusive (lse_mode: SMLA_LSE_* bits of
+// smla_params.h; sink null when there is none). Used by delta.cu and by the fused delta of dq_wgmma.cuh.
+__device__ __forceinline__ float smla_lse_natural(float l, int lse_mode, const float* sink, int h) {
+  if (lse_mode & SMLA_LSE_BASE2) l *= 0.69314718055994531f;
+  if ((lse_mode & SMLA_LSE_EXCLUDES_SINK) && sink != nullptr) {
+    const float sk = sink[h];
+    const float m = fmaxf(l, sk);
+    // logaddexp; both -inf stays -inf instead of becoming NaN
+    if (m != __int_as_float(0xff800000)) l = m + log1pf(expf(-fabsf(l - sk)));
+  }
+  return l;
+}
 
 #endif  // SMLA_DEVICE_CODE
 #endif  // SMLA_COMMON_CUH

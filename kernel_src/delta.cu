@@ -32,13 +32,5 @@ extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32) smla_delta(SmlaPara
   if (lane != 0) return;
 
   p.delta[row] = sum;
-  float l = p.lse[t * p.lse_st + h * p.lse_sh];
-  if (p.lse_mode & SMLA_LSE_BASE2) l *= 0.69314718055994531f;
-  if ((p.lse_mode & SMLA_LSE_EXCLUDES_SINK) && p.sink != nullptr) {
-    const float sk = p.sink[h];
-    const float m = fmaxf(l, sk);
-    // logaddexp; both -inf stays -inf instead of becoming NaN
-    if (m != __int_as_float(0xff800000)) l = m + log1pf(expf(-fabsf(l - sk)));
-  }
-  p.lse_n[row] = l;
+  p.lse_n[row] = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
 }

@@ -2,6 +2,9 @@
 // recompute S and dP, emit P and scale*dS (bf16), accumulate dQ, with warpgroup MMA (wgmma).
 //
 // A block owns one token t and 64 heads (wgmma's M) and runs two warpgroups (256 threads).
+// At chunk 0 it also computes delta = rowsum(O * dO) and the natural-log lse of its heads (O read
+// while Q and dO land; dO from shared memory) and writes both for d_sink and the later chunks: on
+// CUDA the separate delta phase is not planned with this body (kernels_cuda.cpp).
 // Shared memory, every operand in 1024-byte aligned atoms with the 128-byte swizzle (wgmma.cuh):
 //   sQ, sDO  [8 column chunks][64 heads][64 columns]     K-major A of S and dP     64 KB each
 //   sKV[2]   [8 column chunks][BLOCK_R rows][64 columns] K-major B of S and dP,    BLOCK_R KB each
@@ -41,6 +44,9 @@
 #define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
 static_assert(BLOCK_R * 64 / 256 == 32 / 4, "one kv piece per thread after every 4 of the 32 S/dP k-steps");
 #define DQW_LOG2E 1.4426950408889634f
+#define DQW_DELTA_HEADS (64 / (DQW_THREADS / 32))  // heads of the fused delta per warp
+// Head (0..63 in the block) of a warp's j-th fused-delta row.
+__device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
 static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 +
                       1024 ==
@@ -117,6 +123,17 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
   for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
   smla_cp_async_commit();
+  // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO.
+  const bool fuse_delta = p.chunk == 0;
+  uint4 ov[DQW_DELTA_HEADS][2];
+  if (fuse_delta) {
+#pragma unroll
+    for (int j = 0; j < DQW_DELTA_HEADS; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(j)) * p.o_sh +
+                                                            half * 256 + (threadIdx.x % 32) * 8));
+  }
   smla_cp_async_wait<0>();
   __syncthreads();
   if (n_tiles > 0) dqw_load_kv(p, sIdx, sKV, sFlag);
@@ -125,9 +142,45 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   // This thread's two accumulator rows (heads) of the 64 x N fragments.
   const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
   const long long th = (long long)t * HEADS + h0;
+  // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
+  // phase is not planned with this body), written for d_sink and the later chunks, which read them.
+  float* sDelta = sPf;  // free until the first exchange, after barrier A
+  float* sLse = sPf + 64;
+  if (fuse_delta) {
+#pragma unroll
+    for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
+      const int hh = dqw_delta_head(j);
+      float sum = 0.f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = half * 32 + threadIdx.x % 32;  // 16-byte piece of the row
+        const uint4 gv = *reinterpret_cast<const uint4*>(sDO + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8));
+        const unsigned ow[4] = {ov[j][half].x, ov[j][half].y, ov[j][half].z, ov[j][half].w};
+        const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sum = fmaf(smla_lo_f(ow[e]), smla_lo_f(gw[e]), sum);
+          sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
+        }
+      }
+      sum = smla_warp_sum(sum);
+      if (threadIdx.x % 32 == j) {
+        const int h = h0 + hh;
+        const float l = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
+        sDelta[hh] = sum;
+        sLse[hh] = l;
+        p.delta[th + hh] = sum;
+        p.lse_n[th + hh] = l;
+      }
+    }
+  } else if (threadIdx.x < 64) {
+    sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
+    sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
+  }
+  __syncthreads();
   // lse (base 2) and delta of the two rows
-  const float la = p.lse_n[th + hl_a] * DQW_LOG2E, lb = p.lse_n[th + hl_b] * DQW_LOG2E;
-  const float dla = p.delta[th + hl_a], dlb = p.delta[th + hl_b];
+  const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
+  const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
   const float sl2 = p.scale * DQW_LOG2E;
 
   const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);

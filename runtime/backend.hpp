@@ -71,6 +71,14 @@ class Backend {
   virtual PointerKind pointer_kind(const void* ptr) const = 0;
   /// Resource limits for validation of configs.
   virtual size_t max_shared_memory(int device) const = 0;
+  /// Fork and join for steps that may run beside the main order (Step::side). A backend that
+  /// returns null from acquire_side_stream runs every step in order on the caller's stream.
+  /// acquire_side_stream: a stream of `device` that is not part of an open graph capture, the
+  /// caller's until release_side_stream. stream_wait: work enqueued on `waiter` from now on waits
+  /// for the work enqueued on `on` so far (no host synchronization).
+  virtual void* acquire_side_stream(int /*device*/) { return nullptr; }
+  virtual void release_side_stream(int /*device*/, void* /*stream*/) {}
+  virtual void stream_wait(int /*device*/, void* /*waiter*/, void* /*on*/) {}
   /// Copies `bytes` from backend memory to the host after the stream's work (synchronizes).
   /// Not for hot paths: index reports and tests only.
   virtual void read_back(void* dst, const void* src, size_t bytes, void* stream) const = 0;

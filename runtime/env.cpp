@@ -17,6 +17,7 @@ const RuntimeEnv& runtime_env() {
       if (end && *end == '\0' && b > 0) e.interm_budget = size_t(b);
     }
     if (const char* v = std::getenv("SMLA_LOG_LEVEL")) e.log_level = v;
+    if (const char* v = std::getenv("SMLA_SIDE_STREAM")) e.side_stream = std::string(v) != "0";
     return e;
   }();
   return env;

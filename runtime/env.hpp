@@ -10,6 +10,7 @@ struct RuntimeEnv {
   std::string kernel_src_dir;       ///< SMLA_KERNEL_SRC_DIR: read kernel sources from here
   size_t interm_budget = size_t(2) << 30;  ///< SMLA_INTERM_BUDGET_BYTES: cap for T*R_CHUNK*512 bf16
   std::string log_level = "warn";   ///< SMLA_LOG_LEVEL: trace|debug|info|warn|error|off
+  bool side_stream = true;          ///< SMLA_SIDE_STREAM=0: run csr in order instead of beside dq
 };
 
 /// Parsed once per process.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "env.hpp"
 #include "plan_impl.hpp"
 
 namespace smla {
@@ -152,7 +153,32 @@ void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const
 
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
   const SmlaParams base = base_params(t, workspace, workspace_size);
-  for (size_t i = 0; i < steps_.size(); ++i) launch_step(i, base, stream);
+  Backend& be = *backend_;
+  const int dev = problem_.device;
+  // Side steps (csr) go to a side stream forked from `stream` and are joined back before the step
+  // that reads them; without a side stream (CPU, HIP, SMLA_SIDE_STREAM=0) everything runs in order.
+  struct Side {
+    Backend& be;
+    int dev;
+    void* s;
+    ~Side() { be.release_side_stream(dev, s); }
+  } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev) : nullptr};
+  bool forked = false;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& st = steps_[i];
+    if (st.side && side.s) {
+      if (!forked) be.stream_wait(dev, side.s, stream);
+      forked = true;
+      launch_step(i, base, side.s);
+      continue;
+    }
+    if (st.join && forked) {
+      be.stream_wait(dev, stream, side.s);
+      forked = false;
+    }
+    launch_step(i, base, stream);
+  }
+  if (forked) be.stream_wait(dev, stream, side.s);  // nothing of this run is left outside `stream`
 }
 
 void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {

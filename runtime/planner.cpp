@@ -91,14 +91,18 @@ ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
 std::vector<Step> order_steps(const ShapeInfo& s, const KernelsOf& kernels_of) {
   std::vector<Step> steps;
   auto add = [&](Phase ph, int chunk) {
+    const size_t first = steps.size();
     for (auto& k : kernels_of(ph, s)) steps.push_back(Step{ph, chunk, std::move(k)});
+    for (size_t i = first; i < steps.size(); ++i) steps[i].side = ph == Phase::Csr;
+    if (ph == Phase::Gather && first < steps.size()) steps[first].join = true;
   };
   if (s.check_indices) add(Phase::CheckTopk, 0);
-  add(Phase::Delta, 0);
   for (int c = 0; c < s.n_chunks; ++c) {
+    // csr of chunk c reads the top-k only; its regions are free once gather c - 1 (before it) is done.
+    add(Phase::Csr, c);
+    if (c == 0) add(Phase::Delta, 0);
     add(Phase::Dq, c);
     add(Phase::DkvInterm, c);
-    add(Phase::Csr, c);
     add(Phase::Gather, c);
   }
   if (s.has_sink) add(Phase::DSink, 0);

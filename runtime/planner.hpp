@@ -27,12 +27,18 @@ struct Step {
   Phase phase;
   int chunk = 0;  ///< chunk index for per-chunk phases, 0 otherwise
   KernelSpec spec;
+  /// May run on a side stream beside the steps that follow it, up to the next `join` step (csr:
+  /// it reads only the top-k and writes only its own regions).
+  bool side = false;
+  /// The first step that needs the side steps before it (gather reads csr's output).
+  bool join = false;
 };
 
 using KernelsOf = std::function<std::vector<KernelSpec>(Phase, const ShapeInfo&)>;
 
-/// The launch order: check_topk (opt-in), delta, then per chunk dq, dkv_interm, csr, gather,
-/// then d_sink (with a sink).
+/// The launch order: check_topk (opt-in); per chunk csr (a side step: it may overlap delta, dq and
+/// dkv_interm), [delta at chunk 0,] dq, dkv_interm, gather (joins csr); then d_sink (with a sink).
+/// In order on one stream this is also a valid sequence.
 std::vector<Step> order_steps(const ShapeInfo& s, const KernelsOf& kernels_of);
 
 }  // namespace smla

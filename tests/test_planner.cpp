@@ -89,16 +89,41 @@ TEST(Planner, StepOrderFollowsThePipeline) {
   const auto steps = order_steps(s, one_each);
   std::vector<std::string> names;
   for (const auto& st : steps) names.push_back(st.spec.entry + "/" + std::to_string(st.chunk));
-  std::vector<std::string> want{"check_topk/0", "delta/0"};
-  for (int c = 0; c < 4; ++c)
-    for (const char* ph : {"dq", "dkv_interm", "csr", "gather"}) want.push_back(std::string(ph) + "/" + std::to_string(c));
+  std::vector<std::string> want{"check_topk/0"};
+  for (int c = 0; c < 4; ++c) {
+    want.push_back("csr/" + std::to_string(c));
+    if (c == 0) want.push_back("delta/0");
+    for (const char* ph : {"dq", "dkv_interm", "gather"}) want.push_back(std::string(ph) + "/" + std::to_string(c));
+  }
   want.push_back("d_sink/0");
   EXPECT_EQ(names, want);
+  // csr may run beside the steps after it; each chunk's gather is where it must have finished.
+  for (const auto& st : steps) {
+    EXPECT_EQ(st.side, st.phase == Phase::Csr) << st.spec.entry << "/" << st.chunk;
+    EXPECT_EQ(st.join, st.phase == Phase::Gather) << st.spec.entry << "/" << st.chunk;
+  }
+
+  // A phase of several launches: only the first gather launch joins, every csr launch is a side step.
+  auto csr_three = [&](Phase ph, const ShapeInfo& sh) {
+    auto v = one_each(ph, sh);
+    if (ph == Phase::Csr || ph == Phase::Gather) v.push_back(v.front()), v.push_back(v.front());
+    return v;
+  };
+  int joins = 0, sides = 0;
+  for (const auto& st : order_steps(s, csr_three)) joins += st.join, sides += st.side;
+  EXPECT_EQ(joins, 4);
+  EXPECT_EQ(sides, 12);
+
+  // A family whose dq computes delta itself plans no delta launch.
+  auto no_delta = [&](Phase ph, const ShapeInfo& sh) {
+    return ph == Phase::Delta ? std::vector<KernelSpec>{} : one_each(ph, sh);
+  };
+  for (const auto& st : order_steps(s, no_delta)) EXPECT_NE(st.phase, Phase::Delta);
 
   p.has_sink = false;
   p.check_indices = false;
   const auto no_sink = order_steps(choose_shape(p, size_t(2) << 30), one_each);
-  EXPECT_EQ(no_sink.front().phase, Phase::Delta);
+  EXPECT_EQ(no_sink.front().phase, Phase::Csr);
   EXPECT_EQ(no_sink.back().phase, Phase::Gather);
 }
 

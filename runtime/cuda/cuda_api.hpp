@@ -33,6 +33,8 @@ namespace smla::cuda {
   X(MemsetD8, cuMemsetD8) X(MemsetD32, cuMemsetD32) X(MemGetInfo, cuMemGetInfo)            \
   X(StreamCreate, cuStreamCreate) X(StreamDestroy, cuStreamDestroy)                        \
   X(StreamSynchronize, cuStreamSynchronize) X(EventCreate, cuEventCreate)                  \
+  X(StreamCreateWithPriority, cuStreamCreateWithPriority) X(StreamWaitEvent, cuStreamWaitEvent) \
+  X(StreamIsCapturing, cuStreamIsCapturing) X(CtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange) \
   X(EventDestroy, cuEventDestroy) X(EventRecord, cuEventRecord)                            \
   X(EventSynchronize, cuEventSynchronize) X(EventElapsedTime, cuEventElapsedTime)          \
   X(StreamBeginCapture, cuStreamBeginCapture) X(StreamEndCapture, cuStreamEndCapture)      \

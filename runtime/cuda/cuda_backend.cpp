@@ -31,6 +31,11 @@ std::string target_for_cc(int major, int minor) {
 CudaBackend::CudaBackend() = default;
 
 CudaBackend::~CudaBackend() {
+  for (size_t i = 0; i < side_.size() && i < ctx_.size(); ++i) {  // best effort: a destructor must not throw
+    if (!ctx_[i] || driver().CtxSetCurrent(ctx_[i]) != CUDA_SUCCESS) continue;
+    for (CUstream s : side_[i].free) driver().StreamDestroy(s);
+    if (side_[i].event) driver().EventDestroy(side_[i].event);
+  }
   for (size_t i = 0; i < ctx_.size(); ++i) {
     CUdevice dev;
     if (ctx_[i] && driver().DeviceGet(&dev, (int)i) == CUDA_SUCCESS) driver().DevicePrimaryCtxRelease(dev);
@@ -132,6 +137,47 @@ PointerKind CudaBackend::pointer_kind(const void* ptr) const {
                                             reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) return PointerKind::Host;  // not known to CUDA: plain host memory
   return (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED) ? PointerKind::Device : PointerKind::Host;
+}
+
+// A pooled stream whose capture status is "none": one left joined to a capture that is still open
+// (the caller captured the run into a graph and has not ended the capture) stays in the pool
+// untouched until that capture ends, so two captures, or a capture and a plain run, never share one.
+void* CudaBackend::acquire_side_stream(int device) {
+  make_current(device);
+  std::lock_guard<std::mutex> lock(side_mu_);
+  if ((int)side_.size() <= device) side_.resize(device + 1);
+  Side& sd = side_[device];
+  for (size_t i = 0; i < sd.free.size(); ++i) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (driver().StreamIsCapturing(sd.free[i], &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUstream s = sd.free[i];
+      sd.free.erase(sd.free.begin() + (long)i);
+      return s;
+    }
+  }
+  int least = 0, greatest = 0;
+  SMLA_CU(driver().CtxGetStreamPriorityRange(&least, &greatest));
+  CUstream s = nullptr;
+  SMLA_CU(driver().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, greatest));
+  return s;
+}
+
+void CudaBackend::release_side_stream(int device, void* stream) {
+  if (!stream) return;
+  std::lock_guard<std::mutex> lock(side_mu_);
+  if ((int)side_.size() <= device) side_.resize(device + 1);
+  side_[device].free.push_back(static_cast<CUstream>(stream));
+}
+
+void CudaBackend::stream_wait(int device, void* waiter, void* on) {
+  make_current(device);
+  std::lock_guard<std::mutex> lock(side_mu_);  // record + wait of the one event as a pair
+  if ((int)side_.size() <= device) side_.resize(device + 1);
+  Side& sd = side_[device];
+  if (!sd.event) SMLA_CU(driver().EventCreate(&sd.event, CU_EVENT_DISABLE_TIMING));
+  SMLA_CU(driver().EventRecord(sd.event, static_cast<CUstream>(on)));
+  // The wait takes the record made just above; re-recording the event later does not change it.
+  SMLA_CU(driver().StreamWaitEvent(static_cast<CUstream>(waiter), sd.event, 0));
 }
 
 }  // namespace smla::cuda

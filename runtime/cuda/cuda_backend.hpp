@@ -26,6 +26,9 @@ class CudaBackend : public Backend {
   PointerKind pointer_kind(const void* ptr) const override;
   size_t max_shared_memory(int device) const override;
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
+  void* acquire_side_stream(int device) override;
+  void release_side_stream(int device, void* stream) override;
+  void stream_wait(int device, void* waiter, void* on) override;
 
   /// Makes the device's primary context current on this thread (retained once per device).
   void make_current(int device) const;
@@ -34,6 +37,13 @@ class CudaBackend : public Backend {
   NvrtcCompiler compiler_;
   mutable std::mutex mu_;
   mutable std::vector<CUcontext> ctx_;
+  // Side streams (highest priority, non-blocking) not handed out, and one fork/join event, per device.
+  struct Side {
+    std::vector<CUstream> free;
+    CUevent event = nullptr;
+  };
+  std::mutex side_mu_;
+  std::vector<Side> side_;
 };
 
 /// The compile target for a compute capability: sm_90a on Hopper, sm_XY from 8.0 up; throws

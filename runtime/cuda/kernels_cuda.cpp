@@ -153,6 +153,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
     throw Error(Status::Unsupported, "shape not supported by the CUDA kernels: " + why, __FILE__, __LINE__,
                 "cuda_phase_kernels");
   const Tiles t = tiles_of(s);
+  // The wgmma dq body computes delta and lse_n itself at chunk 0 (dq_wgmma.cuh): no delta launch.
+  if (phase == Phase::Delta && t.dq_impl == 2) return {};
   if (is_shared_phase(phase)) return shared_phase_kernels(phase, s, 32);
   switch (phase) {
     case Phase::Dq: {
