@@ -47,13 +47,13 @@ SMLA_HD constexpr unsigned smla_dkv_smem_bytes(int h, int block_r, int block_d) 
 }
 
 // ---- dkv_interm, sm_90a wgmma body (dkv_wgmma.cuh): one tile, 64 slot rows x 256 columns over two
-// warpgroups. B = [q ; dout] of the token's 256 columns (2H x 256 bf16), two A buffers of 64 [ds | pm]
-// rows (64 x 2H bf16), one bf16 staging tile of 64 x 128 per warpgroup for coalesced stores, and 1 KB
-// of slack to align the start to 1024 bytes. H = 128: 230400 B.
+// warpgroups. B = [q ; dout] of the token's 256 columns (2H x 256 bf16), three A slots, each one
+// tile of 64 [ds | pm] rows (64 x 2H bf16) or, after its MMA, the two warpgroups' bf16 staging
+// halves (64 x 128 each, 32 KB), and 1 KB of slack to align the start to 1024 bytes. H = 128: 230400 B.
 #define SMLA_DKV_WGMMA_ROWS 64
 #define SMLA_DKV_WGMMA_COLS 256
 SMLA_HD constexpr unsigned smla_dkv_wgmma_smem_bytes(int h) {
-  return 2u * h * 256u * 2u + 2u * 64u * (2u * h) * 2u + 2u * 64u * 128u * 2u + 1024u;
+  return 2u * h * 256u * 2u + 3u * (64u * (2u * h) * 2u > 32768u ? 64u * (2u * h) * 2u : 32768u) + 1024u;
 }
 
 #if defined(SMLA_DEVICE_CODE)  // CUDA and HIP: bf16 conversions, reductions, slot validity

@@ -6,11 +6,12 @@
 // two warpgroups; warpgroup w computes columns 128 w .. 128 w + 127 of every 64-row tile of A.
 // Shared memory, every operand in 1024-byte aligned atoms with the 128-byte swizzle (wgmma.cuh):
 //   sB      [4 column chunks][2H rows][64 columns]    MN-major B, loaded once     2H x 512 B
-//   sA[2]   [2H/64 K chunks][64 rows][64 K]           K-major A, double-buffered  64 x 4H B each
-//   sOut[2] [2 column chunks][64 rows][64 columns]    bf16 staging per warpgroup, 16 KB each
-// Per tile of 64 rows (cp.async by every thread, issued one tile ahead; rows past the chunk are
-// zero and never stored): D(64 x 128, fp32) = A_tile B[:, 128 w ..], then D -> bf16 -> sOut ->
-// 16-byte coalesced stores to interm. The host sizes shared memory with
+//   sA[3]   [2H/64 K chunks][64 rows][64 K]           K-major A, three slots      max(64 x 4H B, 32 KB) each
+//           (after a tile's MMA its slot holds the two warpgroups' bf16 staging halves, 64 x 128 each)
+// Per tile of 64 rows (cp.async by every thread, issued two tiles ahead; rows past the chunk are
+// zero and never stored): D(64 x 128, fp32) = A_tile B[:, 128 w ..], issued asynchronously; while
+// it runs, the previous tile's D -> bf16 -> its slot -> 16-byte coalesced stores to interm (two
+// accumulators, the software pipeline at the end of the kernel). The host sizes shared memory with
 // smla_dkv_wgmma_smem_bytes() (common.cuh).
 #include "wgmma.cuh"
 
@@ -35,8 +36,10 @@
 #define DKW_ACHUNK (64 * 128)         // one K chunk of an A tile: 64 rows of 128 B
 #define DKW_ABYTES (DKW_KCH * DKW_ACHUNK)
 #define DKW_OCHUNK (64 * 128)         // one 64-column chunk of a staging tile
-#define DKW_OBYTES (2 * DKW_OCHUNK)   // 64 rows x 128 columns bf16
-static_assert(DKW_BBYTES + 2 * DKW_ABYTES + 2 * DKW_OBYTES + 1024 == smla_dkv_wgmma_smem_bytes(HEADS),
+#define DKW_OBYTES (2 * DKW_OCHUNK)   // 64 rows x 128 columns bf16, one warpgroup's staging half
+// A slot holds one A tile, and after its MMA both warpgroups' staging halves.
+#define DKW_ASLOT (DKW_ABYTES > 2 * DKW_OBYTES ? DKW_ABYTES : 2 * DKW_OBYTES)
+static_assert(DKW_BBYTES + 3 * DKW_ASLOT + 1024 == smla_dkv_wgmma_smem_bytes(HEADS),
               "dkv_wgmma's shared-memory carve and smla_dkv_wgmma_smem_bytes() disagree");
 
 // Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero.
@@ -55,22 +58,61 @@ __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t,
   }
 }
 
+// The epilogue of one tile: acc (64 rows x this warpgroup's 128 columns, fp32) -> bf16 in the
+// warpgroup's staging half `so` -> 16-byte coalesced stores to interm. d[4 i + 2 half + e] is row
+// 16 warp + lane / 4 + 8 half, column 8 i + 2 (lane % 4) + e; a warp's 8 rows land on 8 distinct
+// 16-byte bank groups.
+__device__ __forceinline__ void dkw_store_tile(const SmlaParams& p, const float (&acc)[64], char* so, int t, int d0,
+                                               int tile) {
+  const int wg = threadIdx.x / 128, tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * warp + lane / 4 + 8 * half;
+      *reinterpret_cast<unsigned*>(so + (i >> 3) * DKW_OCHUNK + smla_swz128(row, (i & 7) * 8 + 2 * (lane % 4))) =
+          smla_pack_bf2_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+    }
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the warpgroup's staging half is written
+  // 16 bytes a thread, 16 threads a 256-byte row piece.
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    const int idx = it * 128 + tw, row = idx / 16, pc = idx % 16;
+    const int rr = tile * 64 + row;
+    if (rr < p.r_chunk) {
+      const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * DKW_OCHUNK + smla_swz128(row, (pc & 7) * 8));
+      *reinterpret_cast<uint4*>(p.interm + ((long long)t * p.r_chunk + rr) * SMLA_D + d0 + 128 * wg + pc * 8) = v;
+    }
+  }
+}
+
+// Issue (not wait for) D = A_tile (64 x 2H, K-major, at `aa`) * B (2H x 128, MN-major, at `ab`) into acc.
+// (The first k-step ignores acc's old value: no zeroing that would touch registers of an MMA in flight.)
+__device__ __forceinline__ void dkw_mma(float (&acc)[64], unsigned aa, unsigned ab) {
+  smla_fence_regs(acc);
+  smla_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < DKW_K / 16; ++kk) {
+    const unsigned long long da = smla_wgmma_desc(aa + (kk >> 2) * DKW_ACHUNK + (kk & 3) * 32, 16, 1024);
+    const unsigned long long db = smla_wgmma_desc(ab + kk * 2048, DKW_BCHUNK, 1024);
+    smla_wgmma_m64n128k16<0, 1>(acc, da, db, kk > 0);
+  }
+  smla_wgmma_commit();
+}
+
 extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   char* base = reinterpret_cast<char*>(smem_u4);
   base = smla_align1024(base);  // the host asks for 1 KB of slack
   char* sB = base;
-  char* sA = sB + DKW_BBYTES;  // two buffers
-  char* sOut = sA + 2 * DKW_ABYTES;
+  char* sA = sB + DKW_BBYTES;  // three slots
 
   // The two column blocks of a token are neighbours in launch order: the second reads the token's
   // [ds | pm] rows from L2.
   const int t = blockIdx.x / (SMLA_D / 256);
   const int d0 = (blockIdx.x % (SMLA_D / 256)) * 256;
-  const int wg = threadIdx.x / 128, tw = threadIdx.x % 128;
-  const int warp = tw / 32, lane = tw % 32;
-  const int r_chunk = p.r_chunk;
-  const int n_tiles = (r_chunk + 63) / 64;
+  const int wg = threadIdx.x / 128;
+  const int n_tiles = (p.r_chunk + 63) / 64;
 
   // B = [q ; dout], columns d0 .. d0 + 255 of this token, once: row k = head (q) or H + head (dout).
   for (int i = threadIdx.x; i < DKW_K * 32; i += DKW_THREADS) {
@@ -78,62 +120,63 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     const smla_bf16* src = k < HEADS ? p.q + t * p.q_st + k * p.q_sh : p.dout + t * p.do_st + (k - HEADS) * p.do_sh;
     smla_cp_async16(sB + (c >> 3) * DKW_BCHUNK + smla_swz128(k, (c & 7) * 8), src + d0 + c * 8);
   }
-  if (n_tiles > 0) dkw_load_a(p, sA, t, 0);
-  smla_cp_async_commit();
-  if (n_tiles > 1) dkw_load_a(p, sA + DKW_ABYTES, t, 1);
-  smla_cp_async_commit();  // every tile has one commit group (maybe empty): wait<1> below is exact
+  // Tiles 0, 1, 2 into slots 0, 1, 2: one commit group each (maybe empty), so wait<1> is "tile i + 1 has
+  // landed" when tile i + 2's group is the only one that may still be in flight.
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    if (j < n_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j);
+    smla_cp_async_commit();
+  }
 
   const unsigned ab = smla_smem_addr(sB) + 2 * wg * DKW_BCHUNK;
   const unsigned aa0 = smla_smem_addr(sA);
-  char* so = sOut + wg * DKW_OBYTES;
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile & 1;
-    smla_cp_async_wait<1>();   // this tile's group (the next one may still be in flight)
+  // Software pipeline, two accumulators: step i issues the MMA of tile i, then finishes tile i - 1
+  // while it runs: bf16 staging in tile i - 1's own A slot (free: both warpgroups' MMA of it were
+  // waited for at the end of step i - 1), coalesced stores, and that slot refilled with tile i + 2;
+  // then it waits for tile i's MMA. The commit group of tile j is the j-th, so "tile i has landed"
+  // is wait<1> (wait<2> for tile 0). No wgmma is in flight across a branch: ptxas serializes every
+  // wgmma of the kernel (C7514) when the loop carries one over its back edge.
+  float acc0[64], acc1[64];
+  auto land = [&]() {
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
-    __syncthreads();           // (A) the tile has landed for everyone
-
-    // ---- D (64 rows x 128 columns) = A_tile (64 x 2H, K-major) * B (2H x 128, MN-major).
-    float acc[64];
-#pragma unroll
-    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
-    smla_fence_regs(acc);
-    smla_wgmma_fence();
-    const unsigned aa = aa0 + buf * DKW_ABYTES;
-#pragma unroll
-    for (int kk = 0; kk < DKW_K / 16; ++kk) {
-      const unsigned long long da = smla_wgmma_desc(aa + (kk >> 2) * DKW_ACHUNK + (kk & 3) * 32, 16, 1024);
-      const unsigned long long db = smla_wgmma_desc(ab + kk * 2048, DKW_BCHUNK, 1024);
-      smla_wgmma_m64n128k16<0, 1>(acc, da, db, kk > 0);
-    }
-    smla_wgmma_commit();
-    smla_wgmma_wait<0>();
-    smla_fence_regs(acc);
-
-    // ---- bf16 into this warpgroup's staging tile: d[4 i + 2 half + e] is row 16 warp + lane / 4 +
-    // 8 half, column 8 i + 2 (lane % 4) + e; a warp's 8 rows land on 8 distinct 16-byte bank groups.
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = 16 * warp + lane / 4 + 8 * half;
-        *reinterpret_cast<unsigned*>(so + (i >> 3) * DKW_OCHUNK + smla_swz128(row, (i & 7) * 8 + 2 * (lane % 4))) =
-            smla_pack_bf2_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-      }
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the warpgroup's staging tile is written
-
-    // ---- staging -> interm, 16 bytes a thread, 16 threads a 256-byte row piece.
-#pragma unroll
-    for (int it = 0; it < 8; ++it) {
-      const int idx = it * 128 + tw, row = idx / 16, pc = idx % 16;
-      const int rr = tile * 64 + row;
-      if (rr < r_chunk) {
-        const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * DKW_OCHUNK + smla_swz128(row, (pc & 7) * 8));
-        *reinterpret_cast<uint4*>(p.interm + ((long long)t * r_chunk + rr) * SMLA_D + d0 + 128 * wg + pc * 8) = v;
-      }
-    }
-    __syncthreads();  // (B) both warpgroups are done reading this A buffer and their staging tiles
-    if (tile + 2 < n_tiles) dkw_load_a(p, sA + buf * DKW_ABYTES, t, tile + 2);
+    __syncthreads();           // the tile has landed for everyone; the slot of tile i - 1 is free
+  };
+  auto finish = [&](const float (&acc)[64], int j) {
+    char* slot = sA + (j % 3) * DKW_ASLOT;
+    dkw_store_tile(p, acc, slot + wg * DKW_OBYTES, t, d0, j);
+    __syncthreads();  // both warpgroups have read their staging halves back
+    if (j + 3 < n_tiles) dkw_load_a(p, slot, t, j + 3);
     smla_cp_async_commit();
+  };
+  if (n_tiles == 0) {
+    smla_cp_async_wait<0>();  // no copy may land after the block is gone
+    return;
   }
+  smla_cp_async_wait<2>();
+  land();
+  dkw_mma(acc0, aa0, ab);
+  smla_wgmma_wait<0>();
+  smla_fence_regs(acc0);
+  // Step i: tile i's MMA into `next` while tile i - 1 (in `cur`) is finished. The loop is unrolled
+  // by two so that each accumulator keeps fixed registers.
+  auto step = [&](float (&next)[64], float (&cur)[64], int i) {
+    smla_cp_async_wait<1>();
+    land();
+    dkw_mma(next, aa0 + (i % 3) * DKW_ASLOT, ab);
+    finish(cur, i - 1);
+    smla_wgmma_wait<0>();
+    smla_fence_regs(next);
+  };
+  for (int i = 1;; i += 2) {
+    if (i >= n_tiles) break;
+    step(acc1, acc0, i);
+    if (i + 1 >= n_tiles) break;
+    step(acc0, acc1, i + 1);
+  }
+  __syncthreads();  // (land() did this before every other finish)
+  if (n_tiles & 1)
+    finish(acc0, n_tiles - 1);
+  else
+    finish(acc1, n_tiles - 1);
 }
