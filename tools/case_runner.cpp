@@ -62,6 +62,9 @@ void CaseRunner::sync() const {
 void CaseRunner::fill32(void* p, size_t bytes, uint32_t word) {
   if (device_) {
     SMLA_CU(cuda::driver().MemsetD32(reinterpret_cast<CUdeviceptr>(p), word, bytes / 4));
+    // The memset runs on the legacy stream and may still be running on return; the run that follows
+    // is on a non-blocking stream (and its side stream), which would not wait for it.
+    SMLA_CU(cuda::driver().CtxSynchronize());
   } else {
     for (size_t i = 0; i < bytes / 4; ++i) std::memcpy(static_cast<char*>(p) + 4 * i, &word, 4);
   }

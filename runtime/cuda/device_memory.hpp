@@ -28,7 +28,13 @@ class DeviceBuffer {
 
   void* get() const { return reinterpret_cast<void*>(ptr_); }
   size_t bytes() const { return bytes_; }
-  void upload(const void* src, size_t n) { SMLA_CU(driver().MemcpyHtoD(ptr_, src, n)); }
+  // cuMemcpyHtoD from pageable memory and cuMemset may return before the device has finished them,
+  // on the legacy stream, which the non-blocking streams used here (and by most callers) do not wait
+  // for: both wait for the device, so a kernel launched next on any stream sees the data.
+  void upload(const void* src, size_t n) {
+    SMLA_CU(driver().MemcpyHtoD(ptr_, src, n));
+    SMLA_CU(driver().CtxSynchronize());
+  }
   template <class T>
   void upload(const std::vector<T>& v) { upload(v.data(), v.size() * sizeof(T)); }
   void download(void* dst, size_t n) const { SMLA_CU(driver().MemcpyDtoH(dst, ptr_, n)); }
@@ -39,7 +45,10 @@ class DeviceBuffer {
     return v;
   }
   /// Fills with a byte (0xFF makes bf16/fp32 NaN: poison for "was every element written").
-  void fill(unsigned char byte) { SMLA_CU(driver().MemsetD8(ptr_, byte, bytes_)); }
+  void fill(unsigned char byte) {
+    SMLA_CU(driver().MemsetD8(ptr_, byte, bytes_));
+    SMLA_CU(driver().CtxSynchronize());
+  }
 
  private:
   CUdeviceptr ptr_ = 0;
