@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "runtime/env.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/workspace.hpp"
 
@@ -51,6 +52,16 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "device", Status::InvalidArgument);
   p = seed_problem(), p.T = 1 << 22, p.topk = 1024;
   expect_rejected(p, "T * topk", Status::InvalidArgument);
+}
+
+TEST(Planner, DefaultBudgetLeavesTheSeedsInterm) {
+  // The default cap (RuntimeEnv, 4 GiB) keeps the DSv4 shapes up to T x TOPK = 4M unchunked: T 8192 at
+  // TOPK 512 measured 15.4 ms in two chunks against 10.7 unchunked on the H200 (docs/perf-notes.md, v4).
+  const size_t budget = RuntimeEnv{}.interm_budget;
+  EXPECT_EQ(default_r_chunk(8192, 512, budget), 512);
+  EXPECT_EQ(default_r_chunk(4096, 1024, budget), 1024);
+  EXPECT_EQ(default_r_chunk(4096, 1152, budget), 576);   // 4.5 GiB unchunked: two chunks
+  EXPECT_EQ(default_r_chunk(16384, 512, budget), 256);
 }
 
 TEST(Planner, DefaultChunkRespectsTheBudgetAndDividesTopk) {

@@ -69,7 +69,9 @@ struct Problem {
   int64_t head_dim = 512;  ///< must be 512
   bool has_sink = false;   ///< attn_sink given (then d_sink is produced)
   std::optional<float> scale;        ///< default 1/sqrt(512)
-  int64_t r_chunk = 0;     ///< 0: the planner chooses; else must divide topk (multiple of 16)
+  int64_t r_chunk = 0;     ///< 0: the planner chooses (the largest divisor of topk, a multiple of 16, whose
+                           ///< T x r_chunk x 512 bf16 intermediate fits SMLA_INTERM_BUDGET_BYTES, 4 GiB); else
+                           ///< must divide topk (multiple of 16)
   LseConvention lse;
   /// Check every index and record the first out-of-range one (see Plan::index_report).
   /// Out-of-range indices are always treated as empty slots; this only reports them.
