@@ -85,7 +85,6 @@ void compile_all(const std::string& target, const std::vector<KernelSpec>& specs
   std::printf("compiled %zu kernel variants for %s\n", specs.size(), target.c_str());
 }
 
-
 long long define_of(const KernelSpec& k, const char* name) {
   for (const auto& d : k.defines)
     if (d.first == name) return d.second;
