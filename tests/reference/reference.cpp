@@ -42,6 +42,46 @@ void parallel_blocks(int n, int nt, Fn fn) {
   for (auto& t : th) t.join();
 }
 
+// fn(begin, end) over [0, n) in contiguous blocks on up to 16 threads (inline when n is small):
+// the element-wise loops over inputs of a few hundred million values (conversions, generation).
+template <class Fn>
+void parallel_range(size_t n, Fn fn) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  const int nt = n < (size_t{1} << 20) ? 1 : std::max(1, std::min(hw > 0 ? hw : 2, 16));
+  if (nt == 1) {
+    fn(size_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> th;
+  for (int i = 0; i < nt; ++i)
+    th.emplace_back([=, &fn] { fn(n * i / nt, n * (i + 1) / nt); });
+  for (auto& t : th) t.join();
+}
+
+// splitmix64's finalizer: decorrelates the seeds of neighbouring chunks.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// n bf16 values ~ normal(0, 0.5): chunk c of kChunk values from its own generator seeded by (seed,
+// stream, c), so the values depend on the seed only, not on how many threads made them.
+std::vector<uint16_t> normal_bf16(size_t n, uint64_t seed, uint64_t stream) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  std::vector<uint16_t> v(n);
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  parallel_range(chunks, [&](size_t cb, size_t ce) {
+    for (size_t c = cb; c < ce; ++c) {
+      std::mt19937_64 rng(mix64(seed ^ mix64(stream * 0x9e3779b97f4a7c15ull + c)));
+      std::normal_distribution<double> nd(0.0, 0.5);
+      for (size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
+        v[i] = smla::float_to_bf16(static_cast<float>(nd(rng)));
+    }
+  });
+  return v;
+}
+
 // Four partial sums break the add latency chain; the order is fixed.
 double dot(const double* a, const double* b) {
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -64,7 +104,9 @@ bool valid(int32_t k, int num_kv) { return k >= 0 && k < num_kv; }
 
 std::vector<double> to_f64(const std::vector<uint16_t>& v) {
   std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = smla::bf16_to_float(v[i]);
+  parallel_range(v.size(), [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) out[i] = smla::bf16_to_float(v[i]);
+  });
   return out;
 }
 
@@ -185,7 +227,9 @@ void forward(Inputs& in) {
   forward64(dm, q.data(), kv.data(), sink.data(), in.topk.data(), o.data(), lse.data(),
             in.lse_excl.data());
   in.o.resize(th * D);
-  for (size_t i = 0; i < o.size(); ++i) in.o[i] = smla::float_to_bf16(static_cast<float>(o[i]));
+  parallel_range(o.size(), [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) in.o[i] = smla::float_to_bf16(static_cast<float>(o[i]));
+  });
   in.lse.resize(th);
   for (size_t i = 0; i < th; ++i) in.lse[i] = static_cast<float>(lse[i]);
 }
@@ -243,16 +287,14 @@ Inputs make_inputs(int T, int H, int num_kv, int topk, bool sink, uint64_t seed,
   in.topk_n = topk;
   in.has_sink = sink;
   in.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  // q, kv, dout from independent chunked streams (normal_bf16: generated on every core, the
+  // same values for a seed whatever the thread count); the sink and a uniform top-k from rng.
+  const size_t thd = static_cast<size_t>(T) * H * D;
+  in.q = normal_bf16(thd, seed, 1);
+  in.kv = normal_bf16(static_cast<size_t>(num_kv) * D, seed, 2);
+  in.dout = normal_bf16(thd, seed, 3);
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> nd(0.0, 0.5);
-  auto fill = [&](std::vector<uint16_t>& v, size_t n) {
-    v.resize(n);
-    for (auto& x : v) x = smla::float_to_bf16(static_cast<float>(nd(rng)));
-  };
-  size_t thd = static_cast<size_t>(T) * H * D;
-  fill(in.q, thd);
-  fill(in.kv, static_cast<size_t>(num_kv) * D);
-  fill(in.dout, thd);
   if (sink) {
     in.sink.resize(H);
     for (auto& x : in.sink) x = static_cast<float>(nd(rng));
