@@ -38,11 +38,22 @@
 namespace smla {
 namespace {
 
+// The message's first line, and of a compile log after it the first line that says "error", so that
+// one line per failure still names the cause (a static_assert's text, say).
 std::string first_line(const std::exception& e) {
   const auto* se = dynamic_cast<const Error*>(&e);
   std::string s = se ? se->message() : e.what();
   const size_t nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
+  if (nl == std::string::npos) return s;
+  std::string out = s.substr(0, nl);
+  for (size_t b = nl + 1; b < s.size();) {
+    size_t end = s.find('\n', b);
+    if (end == std::string::npos) end = s.size();
+    const std::string line = s.substr(b, end - b);
+    if (line.find("error") != std::string::npos) return out + ": " + line;
+    b = end + 1;
+  }
+  return out;
 }
 
 std::string describe(const Problem& p) {
@@ -119,7 +130,9 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   const auto t0 = std::chrono::steady_clock::now();
   SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
   WarmupResult res;
-  KernelSources sources(opts.kernel_src_dir);
+  // The sources plan() will compile: the option, else SMLA_KERNEL_SRC_DIR as the runtime reads it, else
+  // the embedded ones (a warm-up that ignored the variable would fill keys no plan looks up).
+  KernelSources sources(!opts.kernel_src_dir.empty() ? opts.kernel_src_dir : runtime_env().kernel_src_dir);
   cuda::NvrtcCompiler nvrtc;
   hip::HipRtcCompiler hiprtc(/*probe_targets=*/true, opts.hip_worker);
   std::unique_ptr<TuningDb> db;

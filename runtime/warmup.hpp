@@ -42,7 +42,7 @@ struct WarmupOptions {
   bool dry_run = false;           ///< list kernels and keys, compile nothing
   bool use_tuning_db = true;      ///< apply tuned configs as plan() will
   std::string tuning_db;          ///< empty: default_tuning_db_path()
-  std::string kernel_src_dir;     ///< empty: the embedded kernel sources
+  std::string kernel_src_dir;     ///< empty: SMLA_KERNEL_SRC_DIR if set (what plan() uses), else the embedded sources
   std::string hip_worker;         ///< path hint for smla-hiprtc-worker
   size_t interm_budget = 0;       ///< 0: runtime_env().interm_budget (what plan() uses)
   /// Non-empty: plan each problem with each of these explicit configs instead of the

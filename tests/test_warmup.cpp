@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -377,6 +378,42 @@ TEST(WarmupTool, UsageErrors) {
   r = warmup_tool("--help", scratch);
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("A:B:STEP"), std::string::npos) << "--help does not document ranges";
+}
+
+// SMLA_KERNEL_SRC_DIR swaps the kernel sources of plan(); warm-up must compile the same ones, or it fills
+// keys no plan looks up. A copy of the sources with one byte more in dq.cu: dq's key changes, no other.
+TEST(WarmupTool, KernelSourceDirFromTheEnvironmentAsPlanReadsIt) {
+  TempDir scratch;
+  const std::string src = scratch.path + "/kernel_src";
+  const fs::path repo_src = fs::path(__FILE__).parent_path().parent_path() / "kernel_src";
+  ASSERT_TRUE(fs::exists(repo_src / "dq.cu")) << repo_src;
+  fs::copy(repo_src, src);
+  std::ofstream(src + "/dq.cu", std::ios::app) << "\n";
+  // The keys of a dry run, per kernel, with `env` (VAR=VALUE words) in the tool's environment.
+  auto keys = [&](const std::string& env) {
+    const fs::path exe = fs::read_symlink("/proc/self/exe").parent_path() / "smla-warmup";
+    const std::string o = scratch.path + "/keys-out";
+    const std::string cmd = "env " + env + " SMLA_TUNING_DB=" + scratch.path + "/no-tuning.json SMLA_CACHE_LOCK_DIR=" +
+                            scratch.path + "/locks " + exe.string() +
+                            " --arch sm_90a --shape 4096,128,5120,512 --dry-run --json --out " + scratch.path +
+                            "/cache >" + o + " 2>/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::map<std::string, std::string> k;
+    const auto j = nlohmann::json::parse(slurp(o), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << slurp(o);
+    if (j.is_discarded()) return k;
+    for (const auto& item : j.value("kernels", nlohmann::json::array()))
+      k[item.value("kernel", "")] = item.value("key", "");
+    return k;
+  };
+  auto plain = keys("-u SMLA_KERNEL_SRC_DIR"), from_env = keys("SMLA_KERNEL_SRC_DIR=" + src);
+  ASSERT_EQ(from_env.size(), plain.size());
+  ASSERT_TRUE(plain.count("dq"));
+  for (const auto& [kernel, key] : plain)
+    if (kernel == "dq")
+      EXPECT_NE(from_env[kernel], key) << "warm-up did not read dq from SMLA_KERNEL_SRC_DIR";
+    else
+      EXPECT_EQ(from_env[kernel], key) << kernel;
 }
 
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {
