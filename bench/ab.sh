@@ -5,7 +5,8 @@
 #   bench/ab.sh A_BENCH B_BENCH [T,H,NUM_KV,TOPK ...]     (default shape: the seed)
 # Env: ROUNDS (3), REPEAT (20), A_ENV / B_ENV (extra VAR=VALUE words for that side, e.g. SMLA_SIDE_STREAM=0).
 # Kernel sources are compiled into each binary's library, and the host sizes shared memory from the same
-# headers: compare builds, not SMLA_KERNEL_SRC_DIR trees whose shared-memory carve differs from the build's.
+# headers: compare builds. An SMLA_KERNEL_SRC_DIR tree with the build's carve can share one build (A_ENV /
+# B_ENV); one whose carve differs fails to compile with a message saying so.
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n 2,9p "$0"; exit 2; }
 A=$1 B=$2; shift 2

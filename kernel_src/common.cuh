@@ -16,6 +16,21 @@
 // bytes puts the 8 rows one ldmatrix reads on 8 distinct 16-byte bank groups.
 #define SMLA_ROW_PAD 8
 
+// ---- The dynamic shared memory the host launches a kernel with, checked against the carve of the
+// source being compiled. The host computes it from the headers compiled into the library and passes it
+// as SMLA_SMEM_BYTES (runtime/cuda/kernels_cuda.cpp); a kernel source tree given at run time
+// (SMLA_KERNEL_SRC_DIR) whose carve differs then fails to compile, naming the cause, instead of
+// running with too little shared memory. Without the define (an offline nvcc build) nothing is checked.
+#ifdef SMLA_SMEM_BYTES
+#define SMLA_CHECK_SMEM(carve)                                                                                  \
+  static_assert(SMLA_SMEM_BYTES == (carve),                                                                     \
+                "smla: the host launches this kernel with SMLA_SMEM_BYTES of dynamic shared memory, but this " \
+                "source's shared-memory carve needs another amount: the kernel sources (SMLA_KERNEL_SRC_DIR?) " \
+                "do not match the library")
+#else
+#define SMLA_CHECK_SMEM(carve) static_assert(true, "")
+#endif
+
 // ---- dq: Q and dO tiles [BLOCK_H][D+pad], two KV buffers [BLOCK_R][D+pad], ds and p tiles
 // [BLOCK_H][BLOCK_R+pad] (bf16), and a validity flag per KV row of each buffer.
 SMLA_HD constexpr unsigned smla_dq_qdo_bytes(int block_h) { return 2u * block_h * (512 + SMLA_ROW_PAD) * 2u; }

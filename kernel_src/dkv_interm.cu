@@ -48,6 +48,8 @@ static_assert(HEADS % 16 == 0, "HEADS must be a multiple of 16");
 static_assert(NUM_WARPS % WARPS_M == 0, "NUM_WARPS must be a multiple of WARPS_M");
 static_assert(DK_WTM % 16 == 0 && DK_WTN % 16 == 0, "warp tile must be a multiple of 16 x 16");
 static_assert(SMLA_D % BLOCK_D == 0, "BLOCK_D must divide D");
+// The carve of smla_dkv_interm below: sB (2H rows of DK_BROW), two A buffers (BLOCK_R rows of DK_AROW).
+SMLA_CHECK_SMEM(DK_K * DK_BROW * 2 + 2 * BLOCK_R * DK_AROW * 2);
 
 // Rows [tile*BLOCK_R, +BLOCK_R) of the chunk's [ds | pm] into buffer `sa`; rows past the chunk
 // are zero (never stored, but kept finite).

@@ -41,6 +41,7 @@
 #define DKW_ASLOT (DKW_ABYTES > 2 * DKW_OBYTES ? DKW_ABYTES : 2 * DKW_OBYTES)
 static_assert(DKW_BBYTES + 3 * DKW_ASLOT + 1024 == smla_dkv_wgmma_smem_bytes(HEADS),
               "dkv_wgmma's shared-memory carve and smla_dkv_wgmma_smem_bytes() disagree");
+SMLA_CHECK_SMEM(smla_dkv_wgmma_smem_bytes(HEADS));
 
 // Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero.
 __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t, int tile) {

@@ -48,6 +48,8 @@ static_assert(BLOCK_H % 16 == 0 && HEADS % BLOCK_H == 0, "BLOCK_H must be a mult
 static_assert(NUM_WARPS % DQ_MT == 0, "NUM_WARPS must be a multiple of BLOCK_H / 16");
 static_assert(BLOCK_R % (16 * DQ_WN) == 0, "each warp's share of BLOCK_R must be a multiple of 16");
 static_assert(SMLA_D % (16 * DQ_WN) == 0, "each warp's share of D must be a multiple of 16");
+// The carve of smla_dq below: sQ, sDO, two kv buffers (rows of DQ_ROW), sDS and sP (rows of DQ_TROW), flags.
+SMLA_CHECK_SMEM((2 * BLOCK_H + 2 * BLOCK_R) * DQ_ROW * 2 + 2 * BLOCK_R * DQ_TROW * 2 + 2 * BLOCK_R * 4);
 
 #define DQ_LOG2E 1.4426950408889634f
 

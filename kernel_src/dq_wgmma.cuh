@@ -52,6 +52,7 @@ static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES 
                       1024 ==
                   smla_dq_wgmma_smem_bytes(BLOCK_R),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
+SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"

@@ -248,6 +248,44 @@ TEST(NvrtcOffline, DkvWgmmaWhereItCannotRunIsAClearError) {
   expect_unsupported(p, m, "sm_90a", "dkv_block_r = 48 must be a multiple of 32");
 }
 
+// dq and dkv_interm take their shared memory from the host, which sizes it with the headers compiled into
+// the library; each launch carries that size (SMLA_SMEM_BYTES) and the kernel checks it against the carve of
+// the source being compiled. So a kernel source tree given at run time (SMLA_KERNEL_SRC_DIR) whose carve
+// differs fails to compile, naming the cause, instead of running with too little shared memory. Here the
+// host's number is made 1 KB off (still a legal amount) for every body of both kernels.
+TEST(NvrtcOffline, ASourceWhoseCarveDiffersFromTheLaunchDoesNotCompile) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << why;
+  KernelSources sources;
+  TileConfig mma;
+  mma.dq_impl = 1, mma.dkv_impl = 1;
+  int checked = 0;
+  for (const TileConfig* c : std::vector<const TileConfig*>{nullptr, &mma}) {
+    const ShapeInfo s = shape_with_config(p, c, budget, "sm_90a");
+    for (Phase ph : {Phase::Dq, Phase::DkvInterm})
+      for (KernelSpec k : cuda_phase_kernels(ph, s)) {
+        const std::string name = k.entry + (c ? " (mma.sync)" : " (wgmma)");
+        ASSERT_GT(k.smem_bytes, 0u) << name;
+        ASSERT_EQ(define_of(k, "SMLA_SMEM_BYTES"), static_cast<long long>(k.smem_bytes)) << name;
+        for (auto& d : k.defines)
+          if (d.first == "SMLA_SMEM_BYTES") d.second += 1024;
+        try {
+          nvrtc.compile(sources.render(k, "cuda"), "sm_90a");
+          ADD_FAILURE() << name << " compiled with a shared-memory size its carve does not have";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.status(), Status::CompileError) << name;
+          EXPECT_NE(e.message().find("do not match the library"), std::string::npos) << name << ": " << e.message();
+        }
+        ++checked;
+      }
+  }
+  EXPECT_EQ(checked, 4);  // dq and dkv_interm, each with both bodies
+}
+
 TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;

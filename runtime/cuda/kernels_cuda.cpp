@@ -161,6 +161,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       std::vector<std::pair<std::string, long long>> d{
           {"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}};
       if (t.dq_impl == 2) d.emplace_back("DQ_WGMMA", 1);
+      d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
       return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
                         dq_smem_of(t))};
     }
@@ -171,6 +172,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
                                                        {"NUM_WARPS", t.dkv_warps},
                                                        {"WARPS_M", t.dkv_warps_m}};
       if (t.dkv_impl == 2) d.emplace_back("DKV_WGMMA", 1);
+      d.emplace_back("SMLA_SMEM_BYTES", dkv_smem_of(t, s.H));  // checked against the source's carve (common.cuh)
       return {make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
                         grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
                         dkv_smem_of(t, s.H))};
