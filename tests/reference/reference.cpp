@@ -42,12 +42,13 @@ void parallel_blocks(int n, int nt, Fn fn) {
   for (auto& t : th) t.join();
 }
 
-// fn(begin, end) over [0, n) in contiguous blocks on up to 16 threads (inline when n is small):
-// the element-wise loops over inputs of a few hundred million values (conversions, generation).
+// fn(begin, end) over [0, n) in contiguous blocks on up to 16 threads, inline when the work (n items of
+// `grain` values each) is under a million values: the element-wise loops over inputs of a few hundred
+// million values (conversions, generation).
 template <class Fn>
-void parallel_range(size_t n, Fn fn) {
+void parallel_range(size_t n, Fn fn, size_t grain = 1) {
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int nt = n < (size_t{1} << 20) ? 1 : std::max(1, std::min(hw > 0 ? hw : 2, 16));
+  const int nt = n * grain < (size_t{1} << 20) ? 1 : std::max(1, std::min({hw > 0 ? hw : 2, 16, static_cast<int>(std::min<size_t>(n, 16))}));
   if (nt == 1) {
     fn(size_t{0}, n);
     return;
@@ -78,7 +79,7 @@ std::vector<uint16_t> normal_bf16(size_t n, uint64_t seed, uint64_t stream) {
       for (size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
         v[i] = smla::float_to_bf16(static_cast<float>(nd(rng)));
     }
-  });
+  }, kChunk);
   return v;
 }
 
