@@ -28,35 +28,22 @@ int thread_count(int tokens, long long per_token) {
 
 // Runs fn(thread_index, begin, end) over [0, n) split into contiguous blocks, one per thread.
 template <class Fn>
-void parallel_blocks(int n, int nt, Fn fn) {
+void parallel_blocks(size_t n, int nt, Fn fn) {
   if (nt == 1) {
-    fn(0, 0, n);
+    fn(0, size_t{0}, n);
     return;
   }
   std::vector<std::thread> th;
-  for (int i = 0; i < nt; ++i) {
-    int b = static_cast<int>(static_cast<long long>(n) * i / nt);
-    int e = static_cast<int>(static_cast<long long>(n) * (i + 1) / nt);
-    th.emplace_back([=, &fn] { fn(i, b, e); });
-  }
+  for (int i = 0; i < nt; ++i) th.emplace_back([=, &fn] { fn(i, n * i / nt, n * (i + 1) / nt); });
   for (auto& t : th) t.join();
 }
 
-// fn(begin, end) over [0, n) in contiguous blocks on up to 16 threads, inline when the work (n items of
-// `grain` values each) is under a million values: the element-wise loops over inputs of a few hundred
-// million values (conversions, generation).
-template <class Fn>
-void parallel_range(size_t n, Fn fn, size_t grain = 1) {
+// Threads for element-wise work over n blocks of `grain` values each (conversions, generation): inline
+// under a million values, else up to 16 and at most one a block.
+int values_thread_count(size_t n, size_t grain) {
+  if (n * grain < (size_t{1} << 20)) return 1;
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int nt = n * grain < (size_t{1} << 20) ? 1 : std::max(1, std::min({hw > 0 ? hw : 2, 16, static_cast<int>(std::min<size_t>(n, 16))}));
-  if (nt == 1) {
-    fn(size_t{0}, n);
-    return;
-  }
-  std::vector<std::thread> th;
-  for (int i = 0; i < nt; ++i)
-    th.emplace_back([=, &fn] { fn(n * i / nt, n * (i + 1) / nt); });
-  for (auto& t : th) t.join();
+  return static_cast<int>(std::min<size_t>({static_cast<size_t>(hw > 0 ? hw : 2), 16, n}));
 }
 
 // splitmix64's finalizer: decorrelates the seeds of neighbouring chunks.
@@ -72,14 +59,14 @@ std::vector<uint16_t> normal_bf16(size_t n, uint64_t seed, uint64_t stream) {
   constexpr size_t kChunk = size_t{1} << 16;
   std::vector<uint16_t> v(n);
   const size_t chunks = (n + kChunk - 1) / kChunk;
-  parallel_range(chunks, [&](size_t cb, size_t ce) {
+  parallel_blocks(chunks, values_thread_count(chunks, kChunk), [&](int, size_t cb, size_t ce) {
     for (size_t c = cb; c < ce; ++c) {
       std::mt19937_64 rng(mix64(seed ^ mix64(stream * 0x9e3779b97f4a7c15ull + c)));
       std::normal_distribution<double> nd(0.0, 0.5);
       for (size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
         v[i] = smla::float_to_bf16(static_cast<float>(nd(rng)));
     }
-  }, kChunk);
+  });
   return v;
 }
 
@@ -105,7 +92,7 @@ bool valid(int32_t k, int num_kv) { return k >= 0 && k < num_kv; }
 
 std::vector<double> to_f64(const std::vector<uint16_t>& v) {
   std::vector<double> out(v.size());
-  parallel_range(v.size(), [&](size_t b, size_t e) {
+  parallel_blocks(v.size(), values_thread_count(v.size(), 1), [&](int, size_t b, size_t e) {
     for (size_t i = b; i < e; ++i) out[i] = smla::bf16_to_float(v[i]);
   });
   return out;
@@ -228,7 +215,7 @@ void forward(Inputs& in) {
   forward64(dm, q.data(), kv.data(), sink.data(), in.topk.data(), o.data(), lse.data(),
             in.lse_excl.data());
   in.o.resize(th * D);
-  parallel_range(o.size(), [&](size_t b, size_t e) {
+  parallel_blocks(o.size(), values_thread_count(o.size(), 1), [&](int, size_t b, size_t e) {
     for (size_t i = b; i < e; ++i) in.o[i] = smla::float_to_bf16(static_cast<float>(o[i]));
   });
   in.lse.resize(th);
