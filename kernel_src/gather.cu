@@ -1,26 +1,38 @@
 // gather.cu: dkv row j = sum of the interm rows of its contributors, in sorted (= slot) order,
 // fp32; then the chunk carry through dkv_acc and the output (bf16 dkv, or fp32 dkv_f32).
 //
-// The benchmark top-k gives some pool rows thousands of contributors, so the time of the longest
-// row (a chain of dependent load rounds) matters, not only the bytes. One block per kv row; each
-// of its SMLA_D / 4 threads owns 4 columns (one 8-byte load per contributor), and UNROLL
-// contributors are in flight per round while the next round's indices are already loading.
-// Every output element is still summed by one thread in contributor order: bitwise deterministic.
+// The benchmark top-k gives some pool rows thousands of contributors (4096,128,4128,160: 32 rows of
+// ~4090 against a mean of 156), so the time of the longest row (a chain of dependent load rounds)
+// matters, not only the bytes. One block per kv row of 1 to GATHER_MAX_GROUPS groups of SMLA_D / 4
+// threads (the launch's block size says how many: the host picks it per problem, the binary is the
+// same); group g sums the g-th contiguous segment of the row's contributors, each thread 4 columns
+// (one 8-byte load per contributor), UNROLL contributors in flight per round while the next round's
+// indices load; then group 0 adds the other groups' sums in group order. Every output element is
+// summed in a fixed order (contributor order within a segment, segments in order): deterministic
+// for a given group count.
 #include "smla_params.h"
 #include "common.cuh"
 
 #ifndef UNROLL
 #define UNROLL 16
 #endif
+#ifndef GATHER_MAX_GROUPS
+#define GATHER_MAX_GROUPS 4
+#endif
 #define GATHER_COLS 4
-#define GATHER_THREADS (SMLA_D / GATHER_COLS)
+#define GATHER_GROUP_THREADS (SMLA_D / GATHER_COLS)
+static_assert(GATHER_MAX_GROUPS >= 1 && GATHER_MAX_GROUPS <= 8, "GATHER_MAX_GROUPS must be in 1..8");
 
-extern "C" __global__ void __launch_bounds__(GATHER_THREADS) smla_gather(SmlaParams p) {
+extern "C" __global__ void __launch_bounds__(GATHER_MAX_GROUPS * GATHER_GROUP_THREADS) smla_gather(SmlaParams p) {
   const int j = blockIdx.x;
   if (j >= p.num_kv) return;
   const int* vals = p.csr_vals[p.csr_final];
-  const int beg = p.row_ptr[j], end = p.row_ptr[j + 1];
-  const int d = threadIdx.x * GATHER_COLS;
+  const int row_beg = p.row_ptr[j], row_end = p.row_ptr[j + 1];
+  const int groups = blockDim.x / GATHER_GROUP_THREADS;  // 1..GATHER_MAX_GROUPS (the host checks)
+  const int g = threadIdx.x / GATHER_GROUP_THREADS, tg = threadIdx.x % GATHER_GROUP_THREADS;
+  const int seg = (row_end - row_beg + groups - 1) / groups;
+  const int beg = min(row_end, row_beg + g * seg), end = min(row_end, beg + seg);
+  const int d = tg * GATHER_COLS;
   const smla_bf16* base = p.interm + d;
 
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
@@ -45,6 +57,21 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) smla_gather(SmlaPar
         a3 += smla_hi_f(x[u].y);
       }
   }
+#if GATHER_MAX_GROUPS > 1
+  if (groups > 1) {  // the segments' sums, in group order, into group 0
+    __shared__ float4 part[GATHER_MAX_GROUPS - 1][GATHER_GROUP_THREADS];
+    if (g > 0) part[g - 1][tg] = make_float4(a0, a1, a2, a3);
+    __syncthreads();
+    if (g > 0) return;
+    for (int k = 0; k < groups - 1; ++k) {
+      const float4 q = part[k][tg];
+      a0 += q.x;
+      a1 += q.y;
+      a2 += q.z;
+      a3 += q.w;
+    }
+  }
+#endif
 
   if (p.n_chunks > 1) {
     float4* carry = reinterpret_cast<float4*>(p.dkv_acc + (long long)j * SMLA_D + d);

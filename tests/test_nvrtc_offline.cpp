@@ -286,6 +286,34 @@ TEST(NvrtcOffline, ASourceWhoseCarveDiffersFromTheLaunchDoesNotCompile) {
   EXPECT_EQ(checked, 4);  // dq and dkv_interm, each with both bodies
 }
 
+// The gather's groups per kv row follow num_kv / r_chunk (how far the hottest row, up to T
+// contributors, is above the mean): one group at the seed, four at 4096,128,4128,160.
+TEST(NvrtcOffline, GatherSplitsRowsWhereTheHottestAreTheTail) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  auto gather_of = [&](const Problem& q) {
+    for (const KernelSpec& k : cuda_phase_kernels(Phase::Gather, shape_with_config(q, nullptr, budget, "sm_90a")))
+      return k;
+    throw std::runtime_error("no gather launch");
+  };
+  const KernelSpec seed = gather_of(p);
+  EXPECT_EQ(seed.block.x, 128u);  // one group
+  EXPECT_EQ(seed.grid.x, 5120u);
+  p.num_kv = 4128, p.topk = 160;
+  const KernelSpec hot = gather_of(p);
+  EXPECT_EQ(hot.block.x, 512u);  // four groups
+  EXPECT_EQ(hot.grid.x, 4128u);
+  // The group count is the launch's, not the source's: one binary for both (a new T or r_chunk
+  // never compiles another gather).
+  EXPECT_EQ(seed.defines, hot.defines);
+  EXPECT_EQ(define_of(hot, "GATHER_MAX_GROUPS") * 128, 512);
+  // The ratio is taken per chunk: r_chunk 16 of topk 512 at num_kv 5120 (ratio 320) splits too.
+  p.num_kv = 5120, p.topk = 512, p.r_chunk = 16;
+  EXPECT_EQ(gather_of(p).block.x, 512u);
+  compile_all("sm_80", {seed});  // a generic kernel: sm_80 covers it (sm_90a compiles are of the wgmma bodies)
+}
+
 TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
