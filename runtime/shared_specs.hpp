@@ -37,14 +37,15 @@ inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo
     case Phase::Gather: {
       // One block per kv row, of `groups` groups of 128 threads (4 columns each), each summing a
       // contiguous share of the row's contributors, 16 in flight per round. A row's time is a chain of
-      // dependent load rounds, and a row can have up to T contributors (every token picks it; the
-      // benchmark top-k has such rows) against a mean of T * r_chunk / num_kv: where num_kv >= 16 *
-      // r_chunk the hottest rows are the gather's tail and four groups cut it (4096,128,4128,160, ratio
-      // 25.8: gather 0.415 -> 0.291 ms), elsewhere the bytes are (4096,128,5120,512, ratio 10: one group,
-      // 0.481 ms against 0.536 with four). Measured on the H200, docs/perf-notes.md (v6). The group
-      // count is the block size, not a constant of the source: one binary serves every T and r_chunk.
+      // dependent load rounds (~1.6 us each on the H200), and a row can have up to T contributors
+      // (every token picks it; the benchmark top-k has such rows), T / 16 rounds; the bytes (T *
+      // r_chunk interm rows of 1 KB at ~4.5 TB/s) take longer than that only from r_chunk ~440 up. So
+      // below that the hottest rows are the gather's tail and four groups cut it: r_chunk 160
+      // (4096,128,4128,160) gather 0.415 -> 0.291 ms; at r_chunk 512 (the seed) four groups were
+      // slower, 0.481 -> 0.536 ms. Measured on the H200, docs/perf-notes.md (v6). The group count is
+      // the block size, not a constant of the source: one binary serves every T and r_chunk.
       constexpr int kMaxGroups = 4;
-      const int groups = static_cast<long long>(s.num_kv) >= 16LL * s.r_chunk ? kMaxGroups : 1;
+      const int groups = s.r_chunk <= 320 ? kMaxGroups : 1;
       return {make_spec("gather", "smla_gather", {{"UNROLL", 16}, {"GATHER_MAX_GROUPS", kMaxGroups}},
                         grid_xy(static_cast<unsigned>(s.num_kv)), groups * (SMLA_D / 4))};
     }
