@@ -3,35 +3,41 @@
 //
 // The benchmark top-k gives some pool rows thousands of contributors (4096,128,4128,160: 32 rows of
 // ~4090 against a mean of 156), so the time of the longest row (a chain of dependent load rounds)
-// matters, not only the bytes. One block per kv row of 1 to GATHER_MAX_GROUPS groups of SMLA_D / 4
-// threads (the launch's block size says how many: the host picks it per problem, the binary is the
-// same); group g sums the g-th contiguous segment of the row's contributors, each thread 4 columns
-// (one 8-byte load per contributor), UNROLL contributors in flight per round while the next round's
+// matters, not only the bytes. One block per kv row of GATHER_GROUPS groups of SMLA_D / 4 threads
+// (the host picks 1 or 4 from the top-k; a compile-time count: a run-time one, tried, made both paths
+// slower, seed 0.481 -> 0.549 ms with one group and 0.291 -> 0.352 with four);
+// group g sums the g-th contiguous segment of the row's contributors, each thread 4 columns (one
+// 8-byte load per contributor), UNROLL contributors in flight per round while the next round's
 // indices load; then group 0 adds the other groups' sums in group order. Every output element is
-// summed in a fixed order (contributor order within a segment, segments in order): deterministic
-// for a given group count.
+// summed in a fixed order (contributor order within a segment, segments in order): deterministic.
 #include "smla_params.h"
 #include "common.cuh"
 
 #ifndef UNROLL
 #define UNROLL 16
 #endif
-#ifndef GATHER_MAX_GROUPS
-#define GATHER_MAX_GROUPS 4
+#ifndef GATHER_GROUPS
+#define GATHER_GROUPS 1
 #endif
 #define GATHER_COLS 4
 #define GATHER_GROUP_THREADS (SMLA_D / GATHER_COLS)
-static_assert(GATHER_MAX_GROUPS >= 1 && GATHER_MAX_GROUPS <= 8, "GATHER_MAX_GROUPS must be in 1..8");
+#define GATHER_THREADS (GATHER_GROUPS * GATHER_GROUP_THREADS)
+static_assert(GATHER_GROUPS >= 1 && GATHER_GROUPS <= 8, "GATHER_GROUPS must be in 1..8");
 
-extern "C" __global__ void __launch_bounds__(GATHER_MAX_GROUPS * GATHER_GROUP_THREADS) smla_gather(SmlaParams p) {
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS) smla_gather(SmlaParams p) {
   const int j = blockIdx.x;
   if (j >= p.num_kv) return;
   const int* vals = p.csr_vals[p.csr_final];
+#if GATHER_GROUPS > 1
   const int row_beg = p.row_ptr[j], row_end = p.row_ptr[j + 1];
-  const int groups = blockDim.x / GATHER_GROUP_THREADS;  // 1..GATHER_MAX_GROUPS (the host checks)
   const int g = threadIdx.x / GATHER_GROUP_THREADS, tg = threadIdx.x % GATHER_GROUP_THREADS;
-  const int seg = (row_end - row_beg + groups - 1) / groups;
+  const int seg = (row_end - row_beg + GATHER_GROUPS - 1) / GATHER_GROUPS;
   const int beg = min(row_end, row_beg + g * seg), end = min(row_end, beg + seg);
+#else  // the one-group code as measured before the split (0.481 ms at the seed): nvcc gives it the same
+       // instructions as then, up to register choice (the split form above cost the one-group case 68 registers)
+  const int beg = p.row_ptr[j], end = p.row_ptr[j + 1];
+  const int tg = threadIdx.x;
+#endif
   const int d = tg * GATHER_COLS;
   const smla_bf16* base = p.interm + d;
 
@@ -57,19 +63,19 @@ extern "C" __global__ void __launch_bounds__(GATHER_MAX_GROUPS * GATHER_GROUP_TH
         a3 += smla_hi_f(x[u].y);
       }
   }
-#if GATHER_MAX_GROUPS > 1
-  if (groups > 1) {  // the segments' sums, in group order, into group 0
-    __shared__ float4 part[GATHER_MAX_GROUPS - 1][GATHER_GROUP_THREADS];
-    if (g > 0) part[g - 1][tg] = make_float4(a0, a1, a2, a3);
-    __syncthreads();
-    if (g > 0) return;
-    for (int k = 0; k < groups - 1; ++k) {
-      const float4 q = part[k][tg];
-      a0 += q.x;
-      a1 += q.y;
-      a2 += q.z;
-      a3 += q.w;
-    }
+#if GATHER_GROUPS > 1
+  // The segments' sums, in group order, into group 0.
+  __shared__ float4 part[GATHER_GROUPS - 1][GATHER_GROUP_THREADS];
+  if (g > 0) part[g - 1][tg] = make_float4(a0, a1, a2, a3);
+  __syncthreads();
+  if (g > 0) return;
+#pragma unroll
+  for (int k = 0; k < GATHER_GROUPS - 1; ++k) {
+    const float4 q = part[k][tg];
+    a0 += q.x;
+    a1 += q.y;
+    a2 += q.z;
+    a3 += q.w;
   }
 #endif
 

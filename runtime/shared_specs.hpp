@@ -40,13 +40,12 @@ inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo
       // dependent load rounds (~1.6 us each on the H200), and a row can have up to T contributors
       // (every token picks it; the benchmark top-k has such rows), T / 16 rounds; the bytes (T *
       // r_chunk interm rows of 1 KB at ~4.5 TB/s) take longer than that only from r_chunk ~440 up. So
-      // below that the hottest rows are the gather's tail and four groups cut it: r_chunk 160
-      // (4096,128,4128,160) gather 0.415 -> 0.291 ms; at r_chunk 512 (the seed) four groups were
-      // slower, 0.481 -> 0.536 ms. Measured on the H200, docs/perf-notes.md (v6). The group count is
-      // the block size, not a constant of the source: one binary serves every T and r_chunk.
-      constexpr int kMaxGroups = 4;
-      const int groups = s.r_chunk <= 320 ? kMaxGroups : 1;
-      return {make_spec("gather", "smla_gather", {{"UNROLL", 16}, {"GATHER_MAX_GROUPS", kMaxGroups}},
+      // below that the hottest rows are the gather's tail and four groups cut it: topk 160
+      // (4096,128,4128,160) gather 0.415 -> 0.291 ms; at topk 512 (the seed) four groups were slower,
+      // 0.481 -> 0.536 ms. Measured on the H200, docs/perf-notes.md (v6). Decided on topk, which bounds
+      // r_chunk and, unlike it, does not change with T: a new T never compiles another gather.
+      const int groups = s.topk <= 320 ? 4 : 1;
+      return {make_spec("gather", "smla_gather", {{"UNROLL", 16}, {"GATHER_GROUPS", groups}},
                         grid_xy(static_cast<unsigned>(s.num_kv)), groups * (SMLA_D / 4))};
     }
     case Phase::DSink:

@@ -286,8 +286,8 @@ TEST(NvrtcOffline, ASourceWhoseCarveDiffersFromTheLaunchDoesNotCompile) {
   EXPECT_EQ(checked, 4);  // dq and dkv_interm, each with both bodies
 }
 
-// The gather's groups per kv row follow num_kv / r_chunk (how far the hottest row, up to T
-// contributors, is above the mean): one group at the seed, four at 4096,128,4128,160.
+// The gather's groups per kv row follow the top-k (below ~440 the hottest rows, up to T contributors,
+// outlast the bytes): one group at the seed and at 8192,128,9216,512, four at 4096,128,4128,160; not T.
 TEST(NvrtcOffline, GatherSplitsRowsWhereTheHottestAreTheTail) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
@@ -298,20 +298,22 @@ TEST(NvrtcOffline, GatherSplitsRowsWhereTheHottestAreTheTail) {
     throw std::runtime_error("no gather launch");
   };
   const KernelSpec seed = gather_of(p);
-  EXPECT_EQ(seed.block.x, 128u);  // one group
+  EXPECT_EQ(define_of(seed, "GATHER_GROUPS"), 1);
+  EXPECT_EQ(seed.block.x, 128u);
   EXPECT_EQ(seed.grid.x, 5120u);
   p.num_kv = 4128, p.topk = 160;
   const KernelSpec hot = gather_of(p);
-  EXPECT_EQ(hot.block.x, 512u);  // four groups
+  EXPECT_EQ(define_of(hot, "GATHER_GROUPS"), 4);
+  EXPECT_EQ(hot.block.x, 512u);
   EXPECT_EQ(hot.grid.x, 4128u);
-  // The group count is the launch's, not the source's: one binary for both (a new T or r_chunk
-  // never compiles another gather).
-  EXPECT_EQ(seed.defines, hot.defines);
-  EXPECT_EQ(define_of(hot, "GATHER_MAX_GROUPS") * 128, 512);
-  // The ratio is taken per chunk: r_chunk 16 of topk 512 at num_kv 5120 (ratio 320) splits too.
-  p.num_kv = 5120, p.topk = 512, p.r_chunk = 16;
-  EXPECT_EQ(gather_of(p).block.x, 512u);
-  compile_all("sm_80", {seed});  // a generic kernel: sm_80 covers it (sm_90a compiles are of the wgmma bodies)
+  // A T large enough to chunk the top-k keeps the same gather (the cache serves every T).
+  p.T = 1 << 20;
+  const KernelSpec big_t = gather_of(p);
+  EXPECT_EQ(big_t.defines, hot.defines);
+  EXPECT_EQ(big_t.block.x, 512u);
+  p.T = 8192, p.num_kv = 9216, p.topk = 512;
+  EXPECT_EQ(define_of(gather_of(p), "GATHER_GROUPS"), 1);
+  compile_all("sm_80", {seed, hot});  // a generic kernel: sm_80 covers it (sm_90a compiles are of the wgmma bodies)
 }
 
 TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {

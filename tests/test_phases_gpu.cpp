@@ -170,7 +170,7 @@ TEST(PhasesGpu, EachPhaseAloneMatchesTheCheckedCpuPhase) {
       {257, 64, 700, 512, 128, true, K::Benchmark, false, false, LseKind::FlashMla, true},
       {40, 128, 90, 640, 0, false, K::Uniform, true, true},
       {1, 128, 20, 1152, 384, true, K::Uniform},
-      // num_kv >= 16 * r_chunk: the gather splits each row's contributors over four groups
+      // topk <= 320: the gather splits each row's contributors over four groups
       {300, 64, 1600, 96, 0, true, K::Benchmark, true, true},
   };
   for (const Case& c : cases) {
