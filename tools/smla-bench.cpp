@@ -1,6 +1,8 @@
 // smla-bench: runs the backward through the public API on random inputs with the contract's
 // benchmark top-k; times it (device events on a GPU, median of repeats after warm-up) and, with
-// --check, compares dq, dkv and d_sink with the float64 reference.
+// --check, compares dq, dkv and d_sink with the float64 reference. With several dq bodies
+// (--dq-impl 1,2) it plans each on the same tensors and times them in alternating rounds in this one
+// process, printing each one's time and its ratio to the first.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -28,6 +30,8 @@ struct Options {
   int warmup = -1, repeat = -1;
   int gemm_n = 8192;
   uint64_t seed = 1;
+  std::vector<int> dq_impls{0};  // TileConfig::dq_impl of each plan to time (0: the planner's choice)
+  int rounds = 3;                // alternating rounds when several bodies are timed
 };
 
 double flops(const smla::Problem& p) { return 10.0 * p.T * p.H * p.topk * 512.0; }
@@ -35,6 +39,127 @@ double flops(const smla::Problem& p) { return 10.0 * p.T * p.H * p.topk * 512.0;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One plan (one dq body) of the problem and what was measured with it.
+struct Case {
+  int dq_impl = 0;
+  std::shared_ptr<const smla::Plan> plan;
+  double plan_ms = 0, plan2_ms = 0;
+  smla::tools::Outputs out;  // of the first run, made right after the outputs were poisoned
+  std::vector<double> times;
+  nlohmann::json j;
+  bool pass = true;
+};
+
+void time_runs(Case& c, smla::tools::CaseRunner& cr, bool gpu, int repeat) {
+  smla::Tensors& t = cr.tensors();
+  void* ws = cr.workspace(c.plan->workspace_bytes());
+  void* s = cr.stream();
+  for (int i = 0; i < repeat; ++i) {
+    if (gpu) {
+      smla::cuda::Event e0, e1;
+      e0.record(static_cast<CUstream>(s));
+      c.plan->run(t, ws, c.plan->workspace_bytes(), s);
+      e1.record(static_cast<CUstream>(s));
+      c.times.push_back(e1.since(e0));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      c.plan->run(t, ws, c.plan->workspace_bytes(), s);
+      c.times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+}
+
+// --breakdown for one plan: each phase's time and share, in order on one stream, and the dense GEMM rate.
+void breakdown(Case& c, smla::tools::CaseRunner& cr, bool gpu, const Options& o, int repeat, double ms, double tflops) {
+  const smla::PlanInfo& info = c.plan->info();
+  nlohmann::json& j = c.j;
+  smla::Tensors& t = cr.tensors();
+  void* ws = cr.workspace(c.plan->workspace_bytes());
+  void* s = cr.stream();
+  const auto& plan = c.plan;
+  // Each launch timed inside whole runs of the pipeline (events between launches), so phases
+  // that update the workspace in place (the csr scan, chunk carries) see the state they expect.
+  const size_t n = plan->launch_count();
+  std::vector<std::vector<double>> per(n);
+  for (int r = 0; r < std::max(3, repeat / 2); ++r) {
+    if (gpu) {
+      std::vector<std::unique_ptr<smla::cuda::Event>> ev(n + 1);
+      for (auto& e : ev) e = std::make_unique<smla::cuda::Event>();
+      ev[0]->record(static_cast<CUstream>(s));
+      for (size_t i = 0; i < n; ++i) {
+        plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+        ev[i + 1]->record(static_cast<CUstream>(s));
+      }
+      for (size_t i = 0; i < n; ++i) per[i].push_back(ev[i + 1]->since(*ev[i]));
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+        per[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+  }
+  std::map<std::string, double> phase_ms;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string ph = plan->launch_phase(i);
+    if (!phase_ms.count(ph)) order.push_back(ph);
+    phase_ms[ph] += median(per[i]);
+  }
+  double sum = 0;
+  for (auto& kv : phase_ms) sum += kv.second;
+  if (!o.json) std::printf("%-12s %10s %7s\n", "phase", "ms", "share");
+  for (const auto& ph : order) {
+    j["phases"][ph] = phase_ms[ph];
+    if (!o.json) std::printf("%-12s %10.3f %6.1f%%\n", ph.c_str(), phase_ms[ph], 100.0 * phase_ms[ph] / sum);
+  }
+  if (!o.json) std::printf("%-12s %10.3f (sum of phases; end to end %.3f ms)\n", "total", sum, ms);
+  if (gpu) {
+    // The same launches in order on the one stream (no side stream), timed like `ms`: what
+    // running csr beside the other phases saves, measured in this process.
+    std::vector<double> in_order;
+    for (int r = 0; r < repeat; ++r) {
+      smla::cuda::Event e0, e1;
+      e0.record(static_cast<CUstream>(s));
+      for (size_t i = 0; i < n; ++i) plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+      e1.record(static_cast<CUstream>(s));
+      in_order.push_back(e1.since(e0));
+    }
+    j["in_order_ms"] = median(in_order);
+    if (!o.json) std::printf("%-12s %10.3f ms (every launch in order on one stream)\n", "in order", median(in_order));
+  }
+
+  // The ceiling to compare with: a dense bf16 GEMM (cuBLAS, fp32 accumulation) measured in this
+  // process on the same stream, after the op, so both see the same clocks and device state.
+  std::string why;
+  std::optional<smla::cuda::GemmRate> gemm;
+  if (gpu)
+    gemm = smla::cuda::dense_gemm_rate(o.gemm_n, static_cast<CUstream>(s), &why);
+  else
+    why = "the " + info.backend + " backend ran: the reference is a cuBLAS GEMM on a CUDA device";
+  j["gemm_n"] = o.gemm_n;
+  j["gemm_tflops"] = gemm ? nlohmann::json(gemm->tflops) : nlohmann::json();
+  j["gemm_fraction"] = gemm ? nlohmann::json(tflops / gemm->tflops) : nlohmann::json();
+  if (gemm) {
+    j["gemm_ms"] = gemm->ms;
+    j["gemm_library"] = gemm->library;
+  } else {
+    j["gemm_why"] = why;
+  }
+  if (!o.json) {
+    if (gemm) {
+      std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate\n", "end to end", ms, tflops,
+                  100.0 * tflops / gemm->tflops);
+      std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
+                  "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
+                  gemm->library.c_str());
+    } else {
+      std::printf("%-12s %10.3f ms, %.3g TFLOP/s\n", "end to end", ms, tflops);
+      std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
+    }
+  }
 }
 
 int run(const Options& o) {
@@ -56,168 +181,100 @@ int run(const Options& o) {
   p.has_sink = !o.no_sink;
   p.r_chunk = o.r_chunk;
 
-  const auto t_plan0 = std::chrono::steady_clock::now();
-  auto plan = rt.plan(p);
-  const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan0).count();
-  const auto& info = plan->info();
-  // A second plan() of the same problem: served by the in-process cache.
-  const auto t_plan1 = std::chrono::steady_clock::now();
-  rt.plan(p);
-  const double plan2_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan1).count();
+  // One plan per dq body asked for (a body that cannot run here fails with the planner's reason).
+  std::vector<Case> cases;
+  for (int impl : o.dq_impls) {
+    Case c;
+    c.dq_impl = impl;
+    smla::TileConfig cfg;
+    cfg.dq_impl = impl;
+    const auto t_plan0 = std::chrono::steady_clock::now();
+    c.plan = impl ? rt.plan(p, cfg) : rt.plan(p);
+    c.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan0).count();
+    // A second plan() of the same problem: served by the in-process cache.
+    const auto t_plan1 = std::chrono::steady_clock::now();
+    impl ? rt.plan(p, cfg) : rt.plan(p);
+    c.plan2_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan1).count();
+    cases.push_back(std::move(c));
+  }
 
   smla::ref::Inputs in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, o.seed,
                                                 o.uniform ? smla::ref::TopkKind::Uniform : smla::ref::TopkKind::Benchmark);
   smla::tools::CaseRunner cr(p, in);
   smla::Tensors& t = cr.tensors();
   const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
-  void* ws = cr.workspace(plan->workspace_bytes());
-  void* s = cr.stream();
 
-  // First run: the one checked (outputs were poisoned just before it).
-  cr.poison_outputs();
-  plan->run(t, ws, plan->workspace_bytes(), s);
-  const smla::tools::Outputs out = cr.read_outputs();
+  // First run of each plan: the one checked (outputs were poisoned just before it).
+  for (Case& c : cases) {
+    void* ws = cr.workspace(c.plan->workspace_bytes());
+    cr.poison_outputs();
+    c.plan->run(t, ws, c.plan->workspace_bytes(), cr.stream());
+    c.out = cr.read_outputs();
+  }
 
   const int warmup = o.warmup >= 0 ? o.warmup : (gpu ? 5 : 0);
   const int repeat = o.repeat > 0 ? o.repeat : (gpu ? 20 : 3);
-  for (int i = 0; i < warmup; ++i) plan->run(t, ws, plan->workspace_bytes(), s);
-  std::vector<double> times;
-  for (int i = 0; i < repeat; ++i) {
-    if (gpu) {
-      smla::cuda::Event e0, e1;
-      e0.record(static_cast<CUstream>(s));
-      plan->run(t, ws, plan->workspace_bytes(), s);
-      e1.record(static_cast<CUstream>(s));
-      times.push_back(e1.since(e0));
-    } else {
-      const auto t0 = std::chrono::steady_clock::now();
-      plan->run(t, ws, plan->workspace_bytes(), s);
-      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  const double ms = median(times);
-  const double tflops = flops(p) / (ms * 1e-3) / 1e12;
-
-  nlohmann::json j;
-  j["backend"] = info.backend;
-  j["target"] = info.target;
-  j["T"] = p.T, j["H"] = p.H, j["num_kv"] = p.num_kv, j["topk"] = p.topk;
-  j["r_chunk"] = info.r_chunk, j["n_chunks"] = info.n_chunks, j["sink"] = p.has_sink;
-  j["config"] = info.config_source;
-  j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat;
-  j["plan_ms"] = plan_ms, j["plan2_ms"] = plan2_ms, j["compiled"] = info.compiled, j["loaded_from_disk"] = info.loaded_from_disk;
-
-  if (o.breakdown) {
-    // Each launch timed inside whole runs of the pipeline (events between launches), so phases
-    // that update the workspace in place (the csr scan, chunk carries) see the state they expect.
-    const size_t n = plan->launch_count();
-    std::vector<std::vector<double>> per(n);
-    for (int r = 0; r < std::max(3, repeat / 2); ++r) {
-      if (gpu) {
-        std::vector<std::unique_ptr<smla::cuda::Event>> ev(n + 1);
-        for (auto& e : ev) e = std::make_unique<smla::cuda::Event>();
-        ev[0]->record(static_cast<CUstream>(s));
-        for (size_t i = 0; i < n; ++i) {
-          plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-          ev[i + 1]->record(static_cast<CUstream>(s));
-        }
-        for (size_t i = 0; i < n; ++i) per[i].push_back(ev[i + 1]->since(*ev[i]));
-      } else {
-        for (size_t i = 0; i < n; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-          per[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-        }
-      }
-    }
-    std::map<std::string, double> phase_ms;
-    std::vector<std::string> order;
-    for (size_t i = 0; i < n; ++i) {
-      const std::string ph = plan->launch_phase(i);
-      if (!phase_ms.count(ph)) order.push_back(ph);
-      phase_ms[ph] += median(per[i]);
-    }
-    double sum = 0;
-    for (auto& kv : phase_ms) sum += kv.second;
-    if (!o.json) std::printf("%-12s %10s %7s\n", "phase", "ms", "share");
-    for (const auto& ph : order) {
-      j["phases"][ph] = phase_ms[ph];
-      if (!o.json) std::printf("%-12s %10.3f %6.1f%%\n", ph.c_str(), phase_ms[ph], 100.0 * phase_ms[ph] / sum);
-    }
-    if (!o.json) std::printf("%-12s %10.3f (sum of phases; end to end %.3f ms)\n", "total", sum, ms);
-    if (gpu) {
-      // The same launches in order on the one stream (no side stream), timed like `ms` above: what
-      // running csr beside the other phases saves, measured in this process.
-      std::vector<double> in_order;
-      for (int r = 0; r < repeat; ++r) {
-        smla::cuda::Event e0, e1;
-        e0.record(static_cast<CUstream>(s));
-        for (size_t i = 0; i < n; ++i) plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-        e1.record(static_cast<CUstream>(s));
-        in_order.push_back(e1.since(e0));
-      }
-      j["in_order_ms"] = median(in_order);
-      if (!o.json) std::printf("%-12s %10.3f ms (every launch in order on one stream)\n", "in order", median(in_order));
+  // Rounds alternate the plans, so that clock and thermal drift fall on each of them.
+  const int rounds = cases.size() > 1 ? std::max(1, o.rounds) : 1;
+  for (int r = 0; r < rounds; ++r)
+    for (Case& c : cases) {
+      time_runs(c, cr, gpu, r == 0 ? warmup : 0);
+      c.times.clear();
+      time_runs(c, cr, gpu, repeat);
+      c.j["round_ms"].push_back(median(c.times));
     }
 
-    // The ceiling to compare with: a dense bf16 GEMM (cuBLAS, fp32 accumulation) measured in this
-    // process on the same stream, after the op, so both see the same clocks and device state.
-    std::string why;
-    std::optional<smla::cuda::GemmRate> gemm;
-    if (gpu)
-      gemm = smla::cuda::dense_gemm_rate(o.gemm_n, static_cast<CUstream>(s), &why);
-    else
-      why = "the " + info.backend + " backend ran: the reference is a cuBLAS GEMM on a CUDA device";
-    j["gemm_n"] = o.gemm_n;
-    j["gemm_tflops"] = gemm ? nlohmann::json(gemm->tflops) : nlohmann::json();
-    j["gemm_fraction"] = gemm ? nlohmann::json(tflops / gemm->tflops) : nlohmann::json();
-    if (gemm) {
-      j["gemm_ms"] = gemm->ms;
-      j["gemm_library"] = gemm->library;
-    } else {
-      j["gemm_why"] = why;
-    }
-    if (!o.json) {
-      if (gemm) {
-        std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate\n", "end to end", ms, tflops,
-                    100.0 * tflops / gemm->tflops);
-        std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
-                    "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
-                    gemm->library.c_str());
-      } else {
-        std::printf("%-12s %10.3f ms, %.3g TFLOP/s\n", "end to end", ms, tflops);
-        std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
-      }
-    }
-  }
-
+  std::optional<smla::ref::Grads> g;
+  if (o.check) g = smla::ref::backward(in);
   bool pass = true;
-  if (o.check) {
-    const smla::ref::Grads g = smla::ref::backward(in);
-    auto report = [&](const char* name, const smla::ref::Compare& c) {
-      j["rel_err"][name] = c.rel_err;
-      j["cosine"][name] = c.cosine;
-      j["unwritten"][name] = c.unwritten;
-      const bool ok = smla::ref::meets_bar(c);
-      pass = pass && ok;
-      if (!o.json)
-        std::printf("check %-6s rel_err %.3e  cosine %.6f  finite %s  unwritten %zu  %s\n", name, c.rel_err, c.cosine,
-                    c.finite ? "yes" : "NO", c.unwritten, ok ? "ok" : "FAIL");
-    };
-    report("dq", smla::ref::compare(g.dq, out.dq.data(), nq));
-    report("dkv", smla::ref::compare(g.dkv, out.dkv.data(), nkv));
-    if (p.has_sink) report("d_sink", smla::ref::compare(g.d_sink, out.d_sink.data(), p.H));
-    j["pass"] = pass;
-  }
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s: %.3f ms, %.3g TFLOP/s "
-                "(median of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan %.2f ms)\n",
-                info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
-                (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", ms, tflops, repeat,
-                info.config_source.c_str(), plan_ms,
-                info.compiled, info.loaded_from_disk, plan2_ms);
+  for (Case& c : cases) {
+    const smla::PlanInfo& info = c.plan->info();
+    nlohmann::json& j = c.j;
+    std::vector<double> rms = j["round_ms"].get<std::vector<double>>();
+    const double ms = median(rms);
+    const double tflops = flops(p) / (ms * 1e-3) / 1e12;
+    j["backend"] = info.backend;
+    j["target"] = info.target;
+    j["T"] = p.T, j["H"] = p.H, j["num_kv"] = p.num_kv, j["topk"] = p.topk;
+    j["r_chunk"] = info.r_chunk, j["n_chunks"] = info.n_chunks, j["sink"] = p.has_sink;
+    j["config"] = info.config_source;
+    j["dq_impl"] = c.dq_impl;
+    j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat, j["rounds"] = rounds;
+    j["plan_ms"] = c.plan_ms, j["plan2_ms"] = c.plan2_ms, j["compiled"] = info.compiled;
+    j["loaded_from_disk"] = info.loaded_from_disk;
+    if (cases.size() > 1) j["ratio_to_first"] = ms / median(cases[0].j["round_ms"].get<std::vector<double>>());
+    if (cases.size() > 1 && !o.json) std::printf("== dq_impl %d\n", c.dq_impl);
+    if (o.breakdown) breakdown(c, cr, gpu, o, repeat, ms, tflops);
+    if (g) {
+      auto report = [&](const char* name, const smla::ref::Compare& cmp) {
+        j["rel_err"][name] = cmp.rel_err;
+        j["cosine"][name] = cmp.cosine;
+        j["unwritten"][name] = cmp.unwritten;
+        const bool ok = smla::ref::meets_bar(cmp);
+        c.pass = c.pass && ok;
+        if (!o.json)
+          std::printf("check %-6s rel_err %.3e  cosine %.6f  finite %s  unwritten %zu  %s\n", name, cmp.rel_err,
+                      cmp.cosine, cmp.finite ? "yes" : "NO", cmp.unwritten, ok ? "ok" : "FAIL");
+      };
+      report("dq", smla::ref::compare(g->dq, c.out.dq.data(), nq));
+      report("dkv", smla::ref::compare(g->dkv, c.out.dkv.data(), nkv));
+      if (p.has_sink) report("d_sink", smla::ref::compare(g->d_sink, c.out.d_sink.data(), p.H));
+      j["pass"] = c.pass;
+      pass = pass && c.pass;
+    }
+    if (o.json) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s dq_impl %d: %.3f ms, %.3g TFLOP/s "
+                  "(median of %d rounds of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan "
+                  "%.2f ms)%s\n",
+                  info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
+                  (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", c.dq_impl, ms, tflops,
+                  rounds, repeat, info.config_source.c_str(), c.plan_ms, info.compiled, info.loaded_from_disk,
+                  c.plan2_ms,
+                  cases.size() > 1 ? (" ratio to the first " + std::to_string(j["ratio_to_first"].get<double>())).c_str()
+                                   : "");
+    }
   }
   return pass ? 0 : 1;
 }
@@ -241,6 +298,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)");
   app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
   app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--dq-impl", o.dq_impls,
+                 "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
+                 "2 wgmma (several: timed in alternating rounds, each with its ratio to the first)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 2));
+  app.add_option("--rounds", o.rounds, "alternating rounds when several dq bodies are timed (default 3)")
+      ->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }
