@@ -47,34 +47,39 @@ struct Case {
   std::shared_ptr<const smla::Plan> plan;
   double plan_ms = 0, plan2_ms = 0;
   smla::tools::Outputs out;  // of the first run, made right after the outputs were poisoned
-  std::vector<double> times;
+  double ms = 0;  // median of the rounds' medians
   nlohmann::json j;
   bool pass = true;
 };
 
-void time_runs(Case& c, smla::tools::CaseRunner& cr, bool gpu, int repeat) {
-  smla::Tensors& t = cr.tensors();
-  void* ws = cr.workspace(c.plan->workspace_bytes());
-  void* s = cr.stream();
-  for (int i = 0; i < repeat; ++i) {
-    if (gpu) {
-      smla::cuda::Event e0, e1;
-      e0.record(static_cast<CUstream>(s));
-      c.plan->run(t, ws, c.plan->workspace_bytes(), s);
-      e1.record(static_cast<CUstream>(s));
-      c.times.push_back(e1.since(e0));
-    } else {
-      const auto t0 = std::chrono::steady_clock::now();
-      c.plan->run(t, ws, c.plan->workspace_bytes(), s);
-      c.times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
+// Milliseconds of one call of `work` on `stream`: device events on a GPU, the host clock elsewhere.
+template <class F>
+double timed_ms(bool gpu, void* stream, F&& work) {
+  if (gpu) {
+    smla::cuda::Event e0, e1;
+    e0.record(static_cast<CUstream>(stream));
+    work();
+    e1.record(static_cast<CUstream>(stream));
+    return e1.since(e0);
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  work();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// --breakdown for one plan: each phase's time and share, in order on one stream, and the dense GEMM rate.
-void breakdown(Case& c, smla::tools::CaseRunner& cr, bool gpu, const Options& o, int repeat, double ms, double tflops) {
-  const smla::PlanInfo& info = c.plan->info();
+// Median of `repeat` timed runs of the plan.
+double median_run_ms(const Case& c, smla::tools::CaseRunner& cr, bool gpu, int repeat) {
+  void* ws = cr.workspace(c.plan->workspace_bytes());
+  std::vector<double> times;
+  for (int i = 0; i < repeat; ++i)
+    times.push_back(timed_ms(gpu, cr.stream(), [&] { c.plan->run(cr.tensors(), ws, c.plan->workspace_bytes(), cr.stream()); }));
+  return median(times);
+}
+
+// --breakdown for one plan: each phase's time and share, and (GPU) every launch in order on one stream.
+void breakdown(Case& c, smla::tools::CaseRunner& cr, bool gpu, const Options& o, int repeat) {
   nlohmann::json& j = c.j;
+  const double ms = c.ms;
   smla::Tensors& t = cr.tensors();
   void* ws = cr.workspace(c.plan->workspace_bytes());
   void* s = cr.stream();
@@ -120,44 +125,49 @@ void breakdown(Case& c, smla::tools::CaseRunner& cr, bool gpu, const Options& o,
     // The same launches in order on the one stream (no side stream), timed like `ms`: what
     // running csr beside the other phases saves, measured in this process.
     std::vector<double> in_order;
-    for (int r = 0; r < repeat; ++r) {
-      smla::cuda::Event e0, e1;
-      e0.record(static_cast<CUstream>(s));
-      for (size_t i = 0; i < n; ++i) plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
-      e1.record(static_cast<CUstream>(s));
-      in_order.push_back(e1.since(e0));
-    }
+    for (int r = 0; r < repeat; ++r)
+      in_order.push_back(timed_ms(gpu, s, [&] {
+        for (size_t i = 0; i < n; ++i) plan->run_launch(i, t, ws, plan->workspace_bytes(), s);
+      }));
     j["in_order_ms"] = median(in_order);
     if (!o.json) std::printf("%-12s %10.3f ms (every launch in order on one stream)\n", "in order", median(in_order));
   }
+}
 
-  // The ceiling to compare with: a dense bf16 GEMM (cuBLAS, fp32 accumulation) measured in this
-  // process on the same stream, after the op, so both see the same clocks and device state.
+// The ceiling to compare with: a dense bf16 GEMM (cuBLAS, fp32 accumulation) measured once in this
+// process on the run's stream, after the op, so both see the same clocks and device state; the
+// fraction and the end-to-end line of every plan.
+void report_gemm(std::vector<Case>& cases, smla::tools::CaseRunner& cr, bool gpu, const Options& o, double flop) {
   std::string why;
   std::optional<smla::cuda::GemmRate> gemm;
   if (gpu)
-    gemm = smla::cuda::dense_gemm_rate(o.gemm_n, static_cast<CUstream>(s), &why);
+    gemm = smla::cuda::dense_gemm_rate(o.gemm_n, static_cast<CUstream>(cr.stream()), &why);
   else
-    why = "the " + info.backend + " backend ran: the reference is a cuBLAS GEMM on a CUDA device";
-  j["gemm_n"] = o.gemm_n;
-  j["gemm_tflops"] = gemm ? nlohmann::json(gemm->tflops) : nlohmann::json();
-  j["gemm_fraction"] = gemm ? nlohmann::json(tflops / gemm->tflops) : nlohmann::json();
-  if (gemm) {
-    j["gemm_ms"] = gemm->ms;
-    j["gemm_library"] = gemm->library;
-  } else {
-    j["gemm_why"] = why;
-  }
-  if (!o.json) {
+    why = "the " + cases.front().plan->info().backend + " backend ran: the reference is a cuBLAS GEMM on a CUDA device";
+  for (Case& c : cases) {
+    nlohmann::json& j = c.j;
+    const double ms = c.ms, tflops = flop / (ms * 1e-3) / 1e12;
+    j["gemm_n"] = o.gemm_n;
+    j["gemm_tflops"] = gemm ? nlohmann::json(gemm->tflops) : nlohmann::json();
+    j["gemm_fraction"] = gemm ? nlohmann::json(tflops / gemm->tflops) : nlohmann::json();
     if (gemm) {
-      std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate\n", "end to end", ms, tflops,
-                  100.0 * tflops / gemm->tflops);
-      std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
-                  "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
-                  gemm->library.c_str());
+      j["gemm_ms"] = gemm->ms;
+      j["gemm_library"] = gemm->library;
     } else {
-      std::printf("%-12s %10.3f ms, %.3g TFLOP/s\n", "end to end", ms, tflops);
-      std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
+      j["gemm_why"] = why;
+    }
+    if (!o.json) {
+      if (gemm) {
+        std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate (dq_impl %d)\n", "end to end", ms,
+                    tflops, 100.0 * tflops / gemm->tflops, c.dq_impl);
+        if (&c == &cases.back())
+          std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
+                      "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
+                      gemm->library.c_str());
+      } else {
+        std::printf("%-12s %10.3f ms, %.3g TFLOP/s (dq_impl %d)\n", "end to end", ms, tflops, c.dq_impl);
+        if (&c == &cases.back()) std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
+      }
     }
   }
 }
@@ -188,13 +198,10 @@ int run(const Options& o) {
     c.dq_impl = impl;
     smla::TileConfig cfg;
     cfg.dq_impl = impl;
-    const auto t_plan0 = std::chrono::steady_clock::now();
-    c.plan = impl ? rt.plan(p, cfg) : rt.plan(p);
-    c.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan0).count();
-    // A second plan() of the same problem: served by the in-process cache.
-    const auto t_plan1 = std::chrono::steady_clock::now();
-    impl ? rt.plan(p, cfg) : rt.plan(p);
-    c.plan2_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan1).count();
+    // dq_impl 0 plans as a user would (the tuning database may answer); another asks for that body.
+    auto make = [&] { return impl ? rt.plan(p, cfg) : rt.plan(p); };
+    c.plan_ms = timed_ms(false, nullptr, [&] { c.plan = make(); });
+    c.plan2_ms = timed_ms(false, nullptr, [&] { make(); });  // served by the in-process cache
     cases.push_back(std::move(c));
   }
 
@@ -218,11 +225,17 @@ int run(const Options& o) {
   const int rounds = cases.size() > 1 ? std::max(1, o.rounds) : 1;
   for (int r = 0; r < rounds; ++r)
     for (Case& c : cases) {
-      time_runs(c, cr, gpu, r == 0 ? warmup : 0);
-      c.times.clear();
-      time_runs(c, cr, gpu, repeat);
-      c.j["round_ms"].push_back(median(c.times));
+      if (r == 0) median_run_ms(c, cr, gpu, warmup);
+      c.j["round_ms"].push_back(median_run_ms(c, cr, gpu, repeat));
     }
+  for (Case& c : cases) c.ms = median(c.j["round_ms"].get<std::vector<double>>());
+  if (o.breakdown) {
+    for (Case& c : cases) {
+      if (cases.size() > 1 && !o.json) std::printf("== dq_impl %d\n", c.dq_impl);
+      breakdown(c, cr, gpu, o, repeat);
+    }
+    report_gemm(cases, cr, gpu, o, flops(p));
+  }
 
   std::optional<smla::ref::Grads> g;
   if (o.check) g = smla::ref::backward(in);
@@ -230,8 +243,7 @@ int run(const Options& o) {
   for (Case& c : cases) {
     const smla::PlanInfo& info = c.plan->info();
     nlohmann::json& j = c.j;
-    std::vector<double> rms = j["round_ms"].get<std::vector<double>>();
-    const double ms = median(rms);
+    const double ms = c.ms;
     const double tflops = flops(p) / (ms * 1e-3) / 1e12;
     j["backend"] = info.backend;
     j["target"] = info.target;
@@ -242,9 +254,7 @@ int run(const Options& o) {
     j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat, j["rounds"] = rounds;
     j["plan_ms"] = c.plan_ms, j["plan2_ms"] = c.plan2_ms, j["compiled"] = info.compiled;
     j["loaded_from_disk"] = info.loaded_from_disk;
-    if (cases.size() > 1) j["ratio_to_first"] = ms / median(cases[0].j["round_ms"].get<std::vector<double>>());
-    if (cases.size() > 1 && !o.json) std::printf("== dq_impl %d\n", c.dq_impl);
-    if (o.breakdown) breakdown(c, cr, gpu, o, repeat, ms, tflops);
+    if (cases.size() > 1) j["ratio_to_first"] = ms / cases[0].ms;
     if (g) {
       auto report = [&](const char* name, const smla::ref::Compare& cmp) {
         j["rel_err"][name] = cmp.rel_err;
