@@ -104,6 +104,11 @@ __device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
 __device__ __forceinline__ void smla_cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smla_smem_addr(smem)), "l"(gmem) : "memory");
 }
+// 16 bytes to shared address `smem` from `gmem`, or 16 zero bytes and no global read when `valid` is false
+// (src-size 0; `gmem` must still be a valid address).
+__device__ __forceinline__ void smla_cp_async16_zfill(unsigned smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
 // 4-byte global -> shared copy (through L1), for index rows whose alignment is only 4 bytes.
 __device__ __forceinline__ void smla_cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smla_smem_addr(smem)), "l"(gmem) : "memory");
@@ -153,6 +158,15 @@ __device__ __forceinline__ smla_bf16 smla_f2bf_rn(float f) {
 __device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
   unsigned r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+  return r;
+}
+
+// 2^x in one instruction (MUFU.EX2), results below 2^-126 flushed to zero: exp2f adds a range check
+// and two multiplies to keep such subnormal results, which no probability here needs (a bf16 P or dS
+// that small is zero beside any other contribution). 2^-inf = +0.
+__device__ __forceinline__ float smla_ex2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
 

@@ -16,7 +16,7 @@
 //   sIdx     [2][BLOCK_R] top-k indices of the next two tiles (cp.async two tiles ahead, so that no
 //            global load of an index sits between a barrier and the copies that need it)
 // Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows,
-// issued between the previous tile's S/dP wgmma instructions):
+// issued by the previous tile right after its S/dP wgmma instructions, DQW_COPY_STAGE):
 //   warpgroup 0: S = Q K^T, warpgroup 1: dP = dO K^T (64 heads x BLOCK_R rows, fp32 registers)
 //   exchange: each hands the other half of its tile (fp32), then warpgroup 0 makes P and scale*dS
 //            for slots 0-15 and warpgroup 1 for slots 16-31 -> sP and sDS (bf16)
@@ -44,6 +44,17 @@
 #define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
 static_assert(BLOCK_R * 64 / 256 == 32 / 4, "one kv piece per thread after every 4 of the 32 S/dP k-steps");
 #define DQW_LOG2E 1.4426950408889634f
+// Where the next tile's kv copies are issued (docs/perf-notes.md, v7): 0 = one piece after every 4 of the
+// 32 S/dP k-steps, 1 = all right after the S/dP wgmma are issued (default), 2 = all after the element work.
+// Measured at the seed shape, dq ms: 2.91 (0), 2.71 (1), 2.70 (2). Whichever, the copies of tile i + 1 are
+// committed (cp.async.commit_group) before tile i + 1's cp.async.wait_group: an uncommitted copy is not
+// waited for, and a body that issued them after the commit read rows before they landed (--check failed).
+#ifndef DQW_COPY_STAGE
+#define DQW_COPY_STAGE 1
+#endif
+#if DQW_COPY_STAGE < 0 || DQW_COPY_STAGE > 2
+#error "DQW_COPY_STAGE is 0, 1 or 2"
+#endif
 #define DQW_DELTA_HEADS (64 / (DQW_THREADS / 32))  // heads of the fused delta per warp
 // Head (0..63 in the block) of a warp's j-th fused-delta row.
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
@@ -69,24 +80,23 @@ __device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* top
   }
 }
 
-// Piece j (0..7) of this thread's share of one kv tile (indices in `sidx`) into the buffer at `skv`:
-// 16 bytes of row (threadIdx + 256 j) / 64; empty slots (and slots past the chunk or the top-k) become
-// zero rows with a zero flag.
-__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, const int* sidx, char* skv, int* sflag, int j) {
-  const int i = threadIdx.x + j * DQW_THREADS;
-  const int row = i / 64, c = i % 64;
+// Piece j (0..7) of this thread's share of one kv tile (indices in `sidx`) into the buffer at shared address
+// `skv`: 16-byte piece c = threadIdx % 64 of row threadIdx / 64 + 4 j. An empty slot (or one past the chunk or
+// the top-k) becomes a zero row with a zero flag: a zero-fill copy (src-size 0) of kv row 0, no branch.
+// Everything but the row's index is the same for every tile (the destination's swizzle depends on
+// row % 8 = threadIdx / 64 + 4 (j % 2)), so a piece is a handful of instructions.
+__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, const int* sidx, unsigned skv, int* sflag, int j) {
+  const int r0 = threadIdx.x / 64, c = threadIdx.x % 64, row = r0 + 4 * j;
   const int k = sidx[row];
   const bool valid = smla_valid_index(k, p.num_kv);
-  char* dst = skv + (c >> 3) * DQW_KVCHUNK + smla_swz128(row, (c & 7) * 8);
-  if (valid)
-    smla_cp_async16(dst, p.kv + (long long)k * p.kv_s + c * 8);
-  else
-    smla_st_shared_zero16(dst);
+  const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ (r0 + 4 * (j & 1))) & 7) << 4);
+  smla_cp_async16_zfill(dst, p.kv + (unsigned long long)(valid ? k : 0) * p.kv_s + c * 8, valid);
   if (c == 0) sflag[row] = valid ? 1 : 0;
 }
+static_assert(BLOCK_R * 64 / DQW_THREADS == 8 && DQW_THREADS == 256, "dqw_load_kv_piece: 8 pieces, rows r0 + 4 j");
 
 // The whole kv tile: the 8 pieces of every thread.
-__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* sidx, char* skv, int* sflag) {
+__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* sidx, unsigned skv, int* sflag) {
 #pragma unroll
   for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) dqw_load_kv_piece(p, sidx, skv, sflag, j);
 }
@@ -137,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   }
   smla_cp_async_wait<0>();
   __syncthreads();
-  if (n_tiles > 0) dqw_load_kv(p, sIdx, sKV, sFlag);
+  if (n_tiles > 0) dqw_load_kv(p, sIdx, smla_smem_addr(sKV), sFlag);
   smla_cp_async_commit();
 
   // This thread's two accumulator rows (heads) of the 64 x N fragments.
@@ -200,6 +210,17 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     const unsigned akv = akv0 + buf * DQW_KVBYTES;
     const int* flag = sFlag + buf * BLOCK_R;
 
+    // Piece j of the next tile's kv rows into the other buffer (free: its dQ was waited for before (A)).
+    auto next_piece = [&](int j) {
+      dqw_load_kv_piece(p, sIdx + ((tile + 1) & 1) * BLOCK_R, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, j);
+    };
+    auto next_pieces = [&](int j0, int j1) {
+      if (tile + 1 < n_tiles)
+#pragma unroll
+        for (int j = j0; j < j1; ++j) next_piece(j);
+    };
+    constexpr int NP = BLOCK_R * 64 / DQW_THREADS;  // pieces a thread
+
     // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
     float sd[16];
 #pragma unroll
@@ -211,15 +232,14 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
       const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
       smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
-      // One piece of the next tile's kv rows after every 4 k-steps (its indices landed before barrier A):
-      // copies and MMA issue interleaved measured 5.675 -> 5.536 ms end to end against all copies after.
-      if ((kk & 3) == 3 && tile + 1 < n_tiles)
-        dqw_load_kv_piece(p, sIdx + ((tile + 1) & 1) * BLOCK_R, sKV + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, kk >> 2);
+      // (DQW_COPY_STAGE 0) one piece of the next tile's kv rows after every 4 k-steps.
+      if (DQW_COPY_STAGE == 0 && (kk & 3) == 3 && tile + 1 < n_tiles) next_piece(kk >> 2);
     }
     smla_wgmma_commit();
-    // ---- while it runs: the indices of the tile after next into the slot this tile's indices used
-    // (the next tile's kv rows went out between the wgmma instructions above).
+    // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
+    // (DQW_COPY_STAGE 1) the next tile's kv rows (its indices landed before barrier A).
     if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
+    if (DQW_COPY_STAGE == 1) next_pieces(0, NP);
     smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
@@ -234,23 +254,40 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
       give[tw] = make_float4(g[0], g[1], g[2], g[3]);
       give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
+      // Validity of this thread's four slots (8 i + 2 (lane % 4) + e, i = i0, i0 + 1), read here, before
+      // any store below: read between the stores, each element became one dependent chain (shared
+      // load, exp2, stores) ~8 times over (measured: the element stage was ~1200 cycles a tile).
+      const int i0 = wg == 0 ? 0 : 2;
+      const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
+      const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
       __syncthreads();  // (B) the halves are exchanged
       const float4 t0 = take[tw], t1 = take[128 + tw];
       const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+      const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
+      // All eight exponentials first (independent), then dS, then the stores.
+      float pe[8];
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
-        const int i = (wg == 0 ? 0 : 2) + (r >> 2), half = (r >> 1) & 1, e = r & 1;
-        const int col = 8 * i + 2 * (lane % 4) + e;
-        const float mine = wg == 0 ? sd[r] : sd[8 + r];
-        const float s_ = wg == 0 ? mine : other[r], dp_ = wg == 0 ? other[r] : mine;
+        const int half = (r >> 1) & 1;
+        const float s_ = wg == 0 ? sd[r] : other[r];
         // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
-        const bool valid = flag[col] != 0;
-        const float pe = exp2f(valid ? fmaf(s_, sl2, -(half ? lb : la)) : -__int_as_float(0x7f800000));
-        const float dv = pe * (dp_ - (half ? dlb : dla)) * p.scale;
+        pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
+                                                             : -__int_as_float(0x7f800000));
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
+        const int col = 8 * i + 2 * (lane % 4) + e;
+        const float dp_ = wg == 0 ? other[r] : sd[8 + r];
+        const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
         const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
-        *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe);
+        *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
         *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
       }
+    }
+    if (DQW_COPY_STAGE == 2) {
+      next_pieces(0, NP);
+      smla_cp_async_commit();  // waited for at the top of the next tile
     }
     smla_fence_proxy_async();  // both wrote dS
     __syncthreads();  // (C) dS is in shared memory, visible to wgmma
