@@ -214,12 +214,11 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     auto next_piece = [&](int j) {
       dqw_load_kv_piece(p, sIdx + ((tile + 1) & 1) * BLOCK_R, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, j);
     };
-    auto next_pieces = [&](int j0, int j1) {
+    auto next_tile = [&]() {
       if (tile + 1 < n_tiles)
 #pragma unroll
-        for (int j = j0; j < j1; ++j) next_piece(j);
+        for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) next_piece(j);
     };
-    constexpr int NP = BLOCK_R * 64 / DQW_THREADS;  // pieces a thread
 
     // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
     float sd[16];
@@ -239,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
     // (DQW_COPY_STAGE 1) the next tile's kv rows (its indices landed before barrier A).
     if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
-    if (DQW_COPY_STAGE == 1) next_pieces(0, NP);
+    if (DQW_COPY_STAGE == 1) next_tile();
     smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
@@ -286,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       }
     }
     if (DQW_COPY_STAGE == 2) {
-      next_pieces(0, NP);
+      next_tile();
       smla_cp_async_commit();  // waited for at the top of the next tile
     }
     smla_fence_proxy_async();  // both wrote dS
