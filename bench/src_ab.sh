@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# src_ab.sh: A/B of kernel-source variants (trees like kernel_src/ with the same shared-memory carve) in one
+# device call, with one build. Two steps:
+#
+#   here (no GPU):  bench/src_ab.sh prepare DIR [-s T,H,NUM_KV,TOPK]... NAME=TREE [NAME=TREE ...]
+#       copies build/bin/smla-bench into DIR/bin and each TREE into DIR/src/NAME (TREE "-": the sources embedded
+#       in the build), and warms DIR/cache-NAME for sm_90a and the shapes with smla-warmup (which compiles the
+#       tree: a variant that does not compile fails here, not on the device). Default shape: the seed.
+#   device:         bench/src_ab.sh run DIR        (from the repository root, DIR carried)
+#       per shape, ROUNDS rounds (default 2) in which every variant runs once, each its own smla-bench process
+#       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
+#       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
+#       variant and shape (~40 s each at the seed shape). Logs in $OUT (default /tmp/out); BUDGET seconds
+#       (default 400) bound the whole run: what would pass it is skipped and says so.
+#
+# Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
+# falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, BUDGET, STEP (seconds
+# per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice). Env for `prepare`: BUILD,
+# the build directory (default build).
+set -uo pipefail
+usage() { sed -n 2,21p "$0"; exit 2; }
+[ $# -ge 2 ] || usage
+cmd=$1 dir=${2%/}; shift 2
+
+if [ "$cmd" = prepare ]; then
+  shapes=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -s) shapes+=("$2"); shift 2 ;;
+      *=*) break ;;
+      *) usage ;;
+    esac
+  done
+  [ $# -ge 1 ] || usage
+  [ ${#shapes[@]} -gt 0 ] || shapes=(4096,128,5120,512)
+  B=${BUILD:-build}/bin
+  [ -x $B/smla-bench ] && [ -x $B/smla-warmup ] || { echo "src_ab: build $B/smla-bench and smla-warmup first" >&2; exit 1; }
+  rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/src" || exit 1
+  cp $B/smla-bench "$dir/bin/"
+  printf "%s\n" "${shapes[@]}" > "$dir/shapes.txt"
+  : > "$dir/variants.txt"
+  warm_args=()
+  for s in "${shapes[@]}"; do warm_args+=(--shape "$s"); done
+  for v in "$@"; do
+    name=${v%%=*} tree=${v#*=}
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "src_ab: bad variant name '$name'" >&2; exit 1; }
+    if [ "$tree" = - ]; then
+      env -u SMLA_KERNEL_SRC_DIR SMLA_LOG_LEVEL=warn $B/smla-warmup --arch sm_90a "${warm_args[@]}" --sink both \
+        --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
+    else
+      [ -d "$tree" ] || { echo "src_ab: no directory $tree" >&2; exit 1; }
+      cp -r "$tree" "$dir/src/$name"
+      SMLA_KERNEL_SRC_DIR=$dir/src/$name SMLA_LOG_LEVEL=warn $B/smla-warmup --arch sm_90a "${warm_args[@]}" \
+        --sink both --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
+    fi
+    echo "$name" >> "$dir/variants.txt"
+    echo "prepared $name: $(tail -1 "$dir/warm-$name.log")"
+  done
+  echo "carry $dir ($(du -sh "$dir" | cut -f1)); on the device: bash bench/src_ab.sh run $dir"
+  exit 0
+fi
+
+[ "$cmd" = run ] || usage
+[ -f "$dir/variants.txt" ] || { echo "src_ab: $dir is not prepared (no variants.txt)" >&2; exit 1; }
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export SMLA_LOG_LEVEL=${SMLA_LOG_LEVEL:-warn}
+ROUNDS=${ROUNDS:-2} REPEAT=${REPEAT:-20} BUDGET=${BUDGET:-400} STEP=${STEP:-40}
+mapfile -t variants < "$dir/variants.txt"
+mapfile -t shapes < "$dir/shapes.txt"
+extra=(); [ -n "${BACKEND:-}" ] && extra=(--backend "$BACKEND")
+start=$SECONDS
+tmp=$(mktemp -d /tmp/src_ab.XXXXXX) || exit 1
+trap 'rm -rf "$tmp"' EXIT  # this run's writable copies of the caches
+# One smla-bench process of variant $1 (its own cache copy, its own source tree); output in $OUT/$2.log.
+bench() {
+  local v=$1 log=$2; shift 2
+  if (( SECONDS - start + STEP > BUDGET )); then echo "== skip $log (budget)"; return 9; fi
+  [ -d "$tmp/cache-$v" ] || cp -r "$dir/cache-$v" "$tmp/cache-$v"
+  local envs=(SMLA_CACHE_DIR=$tmp/cache-$v)
+  [ -d "$dir/src/$v" ] && envs+=(SMLA_KERNEL_SRC_DIR=$dir/src/$v)
+  timeout "$STEP" env "${envs[@]}" "$dir/bin/smla-bench" "${extra[@]}" "$@" > "$OUT/$log.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || echo "== $log: rc $rc (see $OUT/$log.log)"
+  return $rc
+}
+for s in "${shapes[@]}"; do
+  tag=${s//,/_}
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    for v in "${variants[@]}"; do bench "$v" "${v}_${tag}_r$r" --json --breakdown --gemm-n 1024 --repeat "$REPEAT" --shape "$s"; done
+  done
+  python3 - "$OUT" "$tag" "$ROUNDS" "${variants[@]}" <<'EOF'
+import json, statistics, sys
+out, tag, rounds, variants = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+rows, first = [], None
+for v in variants:
+    runs = []
+    for r in range(1, rounds + 1):
+        try:
+            for line in open("%s/%s_%s_r%d.log" % (out, v, tag, r)):
+                if line.startswith("{"):
+                    runs.append(json.loads(line)); break
+        except OSError:
+            pass
+    if not runs:
+        rows.append((v, None, {}, 0)); continue
+    ms = statistics.median(j["ms"] for j in runs)
+    phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
+              for k in runs[0].get("phases", {})}
+    first = ms if first is None else first
+    rows.append((v, ms, phases, len(runs)))
+print("shape %s, median over rounds (ms):" % tag.replace("_", ","))
+for v, ms, phases, n in rows:
+    if ms is None:
+        print("  %-14s failed or skipped" % v); continue
+    print("  %-14s %8.3f  x%.3f  (%d runs)  %s" % (v, ms, ms / first, n,
+          "  ".join("%s %.3f" % kv for kv in sorted(phases.items()))))
+EOF
+done
+if [ "${CHECK:-0}" = 1 ]; then
+  for s in "${shapes[@]}"; do
+    for v in "${variants[@]}"; do
+      STEP=$(( STEP > 120 ? STEP : 120 )) bench "$v" "check_${v}_${s//,/_}" --check --repeat 2 --shape "$s" || true
+      echo "check $v $s: $(grep -E '^check' "$OUT/check_${v}_${s//,/_}.log" 2>/dev/null | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
+    done
+  done
+fi
+echo "src_ab: $((SECONDS - start)) s"
