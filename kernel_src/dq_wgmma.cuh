@@ -16,7 +16,7 @@
 //   sIdx     [2][BLOCK_R] top-k indices of the next two tiles (cp.async two tiles ahead, so that no
 //            global load of an index sits between a barrier and the copies that need it)
 // Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows,
-// issued by the previous tile right after its S/dP wgmma instructions, DQW_COPY_STAGE):
+// issued by the previous tile right after its S/dP wgmma instructions):
 //   warpgroup 0: S = Q K^T, warpgroup 1: dP = dO K^T (64 heads x BLOCK_R rows, fp32 registers)
 //   exchange: each hands the other half of its tile (fp32), then warpgroup 0 makes P and scale*dS
 //            for slots 0-15 and warpgroup 1 for slots 16-31 -> sP and sDS (bf16)
@@ -42,19 +42,7 @@
 #define DQW_KVBYTES (8 * DQW_KVCHUNK)          // one kv buffer
 #define DQW_PF_BYTES (64 * BLOCK_R * 4)
 #define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
-static_assert(BLOCK_R * 64 / 256 == 32 / 4, "one kv piece per thread after every 4 of the 32 S/dP k-steps");
 #define DQW_LOG2E 1.4426950408889634f
-// Where the next tile's kv copies are issued (docs/perf-notes.md, v7): 0 = one piece after every 4 of the
-// 32 S/dP k-steps, 1 = all right after the S/dP wgmma are issued (default), 2 = all after the element work.
-// Measured at the seed shape, dq ms: 2.91 (0), 2.71 (1), 2.70 (2). Whichever, the copies of tile i + 1 are
-// committed (cp.async.commit_group) before tile i + 1's cp.async.wait_group: an uncommitted copy is not
-// waited for, and a body that issued them after the commit read rows before they landed (--check failed).
-#ifndef DQW_COPY_STAGE
-#define DQW_COPY_STAGE 1
-#endif
-#if DQW_COPY_STAGE < 0 || DQW_COPY_STAGE > 2
-#error "DQW_COPY_STAGE is 0, 1 or 2"
-#endif
 #define DQW_DELTA_HEADS (64 / (DQW_THREADS / 32))  // heads of the fused delta per warp
 // Head (0..63 in the block) of a warp's j-th fused-delta row.
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
@@ -210,16 +198,6 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     const unsigned akv = akv0 + buf * DQW_KVBYTES;
     const int* flag = sFlag + buf * BLOCK_R;
 
-    // Piece j of the next tile's kv rows into the other buffer (free: its dQ was waited for before (A)).
-    auto next_piece = [&](int j) {
-      dqw_load_kv_piece(p, sIdx + ((tile + 1) & 1) * BLOCK_R, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R, j);
-    };
-    auto next_tile = [&]() {
-      if (tile + 1 < n_tiles)
-#pragma unroll
-        for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) next_piece(j);
-    };
-
     // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
     float sd[16];
 #pragma unroll
@@ -231,14 +209,17 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
       const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
       smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
-      // (DQW_COPY_STAGE 0) one piece of the next tile's kv rows after every 4 k-steps.
-      if (DQW_COPY_STAGE == 0 && (kk & 3) == 3 && tile + 1 < n_tiles) next_piece(kk >> 2);
     }
     smla_wgmma_commit();
     // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
-    // (DQW_COPY_STAGE 1) the next tile's kv rows (its indices landed before barrier A).
+    // the next tile's kv rows (its indices landed before barrier A) into the other buffer (free: its dQ
+    // was waited for before (A)). Measured at the seed (docs/perf-notes.md, v7), dq ms: 2.71 issued here,
+    // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
+    // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
+    // placement after this commit read rows before they landed and failed --check).
     if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
-    if (DQW_COPY_STAGE == 1) next_tile();
+    if (tile + 1 < n_tiles)
+      dqw_load_kv(p, sIdx + ((tile + 1) & 1) * BLOCK_R, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
     smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
@@ -283,10 +264,6 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
         *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
         *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
       }
-    }
-    if (DQW_COPY_STAGE == 2) {
-      next_tile();
-      smla_cp_async_commit();  // waited for at the top of the next tile
     }
     smla_fence_proxy_async();  // both wrote dS
     __syncthreads();  // (C) dS is in shared memory, visible to wgmma
