@@ -14,7 +14,8 @@
 //                                                        pm/ds in 16-byte pieces
 //   sFlag    [2][BLOCK_R] validity of each kv row
 //   sIdx     [2][BLOCK_R] top-k indices of the next two tiles (cp.async two tiles ahead, so that no
-//            global load of an index sits between a barrier and the copies that need it)
+//            global load of an index sits between a barrier and the copies that need it), in the
+//            order of dqw_idx_slot: a thread's 8 rows are consecutive
 // Per kv tile of BLOCK_R rows (cp.async by every thread, double-buffered, empty slots as zero rows,
 // issued by the previous tile right after its S/dP wgmma instructions):
 //   warpgroup 0: S = Q K^T, warpgroup 1: dP = dO K^T (64 heads x BLOCK_R rows, fp32 registers)
@@ -57,25 +58,41 @@ SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
 #error "the wgmma dq body needs sm_90a"
 #endif
 
+// Slot of a tile's row in `sidx`: the 8 rows r0 + 4 j (j = 0..7) that thread r0 * 64 + c copies are 8 consecutive
+// ints, read with two 16-byte loads.
+__device__ __forceinline__ int dqw_idx_slot(int row) { return (row % 4) * 8 + row / 4; }
+
 // Top-k indices of tile `tile` of the chunk into `sidx` (BLOCK_R ints); -1 past the chunk or the top-k.
 __device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* topk_row, int* sidx, int tile) {
   if (threadIdx.x < BLOCK_R) {
     const int rr = tile * BLOCK_R + threadIdx.x;
+    int* dst = sidx + dqw_idx_slot(threadIdx.x);
     if (rr < p.r_chunk && p.r_start + rr < p.topk_n)
-      smla_cp_async4(sidx + threadIdx.x, topk_row + rr);
+      smla_cp_async4(dst, topk_row + rr);
     else
-      sidx[threadIdx.x] = -1;
+      *dst = -1;
   }
 }
 
-// Piece j (0..7) of this thread's share of one kv tile (indices in `sidx`) into the buffer at shared address
+// This thread's 8 kv rows of a tile (rows threadIdx / 64 + 4 j) into registers, read before the S/dP wgmma are
+// issued: a shared load issued after them queues behind their operand reads, and the copies waited on it
+// (measured, perf notes v8: dq 2.70 -> 2.67 ms at the seed).
+__device__ __forceinline__ void dqw_read_idx(const int* sidx, int (&k)[8]) {
+  static_assert((2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4) % 16 == 0 &&
+                    BLOCK_R * 4 % 16 == 0,
+                "dqw_read_idx: sIdx's buffers must be 16-byte aligned");
+  const int4* s = reinterpret_cast<const int4*>(sidx + (threadIdx.x / 64) * 8);
+  const int4 a = s[0], b = s[1];
+  k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
+}
+
+// Piece j (0..7) of this thread's share of one kv tile (k: the row's index) into the buffer at shared address
 // `skv`: 16-byte piece c = threadIdx % 64 of row threadIdx / 64 + 4 j. An empty slot (or one past the chunk or
 // the top-k) becomes a zero row with a zero flag: a zero-fill copy (src-size 0) of kv row 0, no branch.
 // Everything but the row's index is the same for every tile (the destination's swizzle depends on
 // row % 8 = threadIdx / 64 + 4 (j % 2)), so a piece is a handful of instructions.
-__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, const int* sidx, unsigned skv, int* sflag, int j) {
+__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, int k, unsigned skv, int* sflag, int j) {
   const int r0 = threadIdx.x / 64, c = threadIdx.x % 64, row = r0 + 4 * j;
-  const int k = sidx[row];
   const bool valid = smla_valid_index(k, p.num_kv);
   const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ (r0 + 4 * (j & 1))) & 7) << 4);
   smla_cp_async16_zfill(dst, p.kv + (unsigned long long)(valid ? k : 0) * p.kv_s + c * 8, valid);
@@ -83,10 +100,10 @@ __device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, const int
 }
 static_assert(BLOCK_R * 64 / DQW_THREADS == 8 && DQW_THREADS == 256, "dqw_load_kv_piece: 8 pieces, rows r0 + 4 j");
 
-// The whole kv tile: the 8 pieces of every thread.
-__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int* sidx, unsigned skv, int* sflag) {
+// The whole kv tile: the 8 pieces of every thread (its indices from dqw_read_idx).
+__device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[8], unsigned skv, int* sflag) {
 #pragma unroll
-  for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) dqw_load_kv_piece(p, sidx, skv, sflag, j);
+  for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) dqw_load_kv_piece(p, k[j], skv, sflag, j);
 }
 
 
@@ -135,7 +152,11 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   }
   smla_cp_async_wait<0>();
   __syncthreads();
-  if (n_tiles > 0) dqw_load_kv(p, sIdx, smla_smem_addr(sKV), sFlag);
+  if (n_tiles > 0) {
+    int k0[8];
+    dqw_read_idx(sIdx, k0);
+    dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
+  }
   smla_cp_async_commit();
 
   // This thread's two accumulator rows (heads) of the 64 x N fragments.
@@ -197,6 +218,8 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
     const unsigned akv = akv0 + buf * DQW_KVBYTES;
     const int* flag = sFlag + buf * BLOCK_R;
+    int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
+    if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
 
     // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
     float sd[16];
@@ -219,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     // placement after this commit read rows before they landed and failed --check).
     if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
     if (tile + 1 < n_tiles)
-      dqw_load_kv(p, sIdx + ((tile + 1) & 1) * BLOCK_R, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
+      dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
     smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
