@@ -10,7 +10,8 @@
 #       per shape, ROUNDS rounds (default 2) in which every variant runs once, each its own smla-bench process
 #       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
 #       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
-#       variant and shape (~40 s each at the seed shape). Logs in $OUT (default /tmp/out); BUDGET seconds
+#       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
+#       narrow that to the variants and shapes named. Logs in $OUT (default /tmp/out); BUDGET seconds
 #       (default 400) bound the whole run: what would pass it is skipped and says so.
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
@@ -18,7 +19,7 @@
 # per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice). Env for `prepare`: BUILD,
 # the build directory (default build).
 set -uo pipefail
-usage() { sed -n 2,21p "$0"; exit 2; }
+usage() { sed -n 2,22p "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1 dir=${2%/}; shift 2
 
@@ -118,7 +119,9 @@ EOF
 done
 if [ "${CHECK:-0}" = 1 ]; then
   for s in "${shapes[@]}"; do
+    [ -n "${CHECK_SHAPES:-}" ] && [[ " $CHECK_SHAPES " != *" $s "* ]] && continue
     for v in "${variants[@]}"; do
+      [ -n "${CHECK_ONLY:-}" ] && [[ " $CHECK_ONLY " != *" $v "* ]] && continue
       STEP=$(( STEP > 120 ? STEP : 120 )) bench "$v" "check_${v}_${s//,/_}" --check --repeat 2 --shape "$s" || true
       echo "check $v $s: $(grep -E '^check' "$OUT/check_${v}_${s//,/_}.log" 2>/dev/null | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
     done
