@@ -3,7 +3,7 @@
 // issuing at once. Prints SM cycles per wgmma and FMA a cycle against the dense peak of one SM (2048 bf16 FMA a
 // cycle: 989 TFLOP/s at 1.83 GHz on 132 SMs). Standalone (not part of the library or its tests):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o wgmma_rate bench/wgmma_rate.cu
-// Also: A from registers (wgmma's RS form; fragments cycled, values irrelevant) and, like dq's tile, 32 KB of
+// Also: A from registers (wgmma's RS form; four fragments cycled) and, like dq's tile, 32 KB of
 // gathered 1 KB rows copied by every thread (cp.async) while the chain runs.
 // Why: dq's S/dP runs 64 wgmma m64n32k16 a tile in ~2350 cycles (docs/perf-notes.md); neither A from registers
 // nor two accumulator chains nor hiding the dQ drain moved it much. If small N itself is slow, the fix is a
@@ -69,7 +69,10 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], unsigned long long da, un
 template <int N, bool RS, bool COPY>
 __global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* src, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) char smem[];
-  for (int i = threadIdx.x; i < kSmem / 4; i += blockDim.x) reinterpret_cast<float*>(smem)[i] = 0.f;
+  // Nonzero operands (bf16 pairs between 1/16 and 1): with all-zero register A fragments the RS form reported
+  // rates above the peak.
+  for (int i = threadIdx.x; i < kSmem / 4; i += blockDim.x)
+    reinterpret_cast<unsigned*>(smem)[i] = 0x3D803D80u + ((i * 2654435761u) >> 25) * 0x00010001u;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   const int wg = threadIdx.x / 128;
@@ -77,9 +80,9 @@ __global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* 
   const unsigned base = smla_smem_addr(smem);
   const unsigned a = base + wg * 65536, b = base + 2 * 65536;  // A: 8 chunks of 64 rows x 128 B; B: 8 chunks of N rows
   const unsigned cdst = base + 3 * 65536;                        // copy destination: 32 rows of 1 KB
-  unsigned ar[4][4];  // register-A fragments (cycled; values irrelevant to the rate)
+  unsigned ar[4][4];  // register-A fragments (cycled)
 #pragma unroll
-  for (int i = 0; i < 16; ++i) ar[i / 4][i % 4] = 0u;
+  for (int i = 0; i < 16; ++i) ar[i / 4][i % 4] = 0x3D803D80u + ((threadIdx.x * 16 + i) % 97) * 0x00010001u;
   float d[N / 2];
 #pragma unroll
   for (int j = 0; j < N / 2; ++j) d[j] = 0.f;
