@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# src_ab.sh: A/B of kernel-source variants (trees like kernel_src/ with the same shared-memory carve) in one
-# device call, with one build. Two steps:
+# src_ab.sh: A/B of kernel-source variants (trees like kernel_src/ with the same shared-memory carve, run by one
+# build) or of whole builds, in one device call. Two steps:
 #
 #   here (no GPU):  bench/src_ab.sh prepare DIR [-s T,H,NUM_KV,TOPK]... NAME=TREE [NAME=TREE ...]
 #       copies build/bin/smla-bench into DIR/bin and each TREE into DIR/src/NAME (TREE "-": the sources embedded
-#       in the build), and warms DIR/cache-NAME for sm_90a and the shapes with smla-warmup (which compiles the
-#       tree: a variant that does not compile fails here, not on the device). Default shape: the seed.
+#       in the build; TREE "@BUILDDIR": another build, e.g. of a branch whose host code differs, whose
+#       smla-bench runs this variant with its embedded sources), and warms DIR/cache-NAME for sm_90a and the
+#       shapes with smla-warmup (which compiles the tree: a variant that does not compile fails here, not on
+#       the device). Default shape: the seed.
 #   device:         bench/src_ab.sh run DIR        (from the repository root, DIR carried)
 #       per shape, ROUNDS rounds (default 2) in which every variant runs once, each its own smla-bench process
 #       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
@@ -45,8 +47,14 @@ if [ "$cmd" = prepare ]; then
   for v in "$@"; do
     name=${v%%=*} tree=${v#*=}
     [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "src_ab: bad variant name '$name'" >&2; exit 1; }
-    if [ "$tree" = - ]; then
-      env -u SMLA_KERNEL_SRC_DIR SMLA_LOG_LEVEL=warn $B/smla-warmup --arch sm_90a "${warm_args[@]}" --sink both \
+    if [ "$tree" = - ] || [ "${tree:0:1}" = @ ]; then
+      wb=$B
+      if [ "$tree" != - ]; then
+        wb=${tree:1}/bin
+        [ -x "$wb/smla-bench" ] && [ -x "$wb/smla-warmup" ] || { echo "src_ab: no smla-bench and smla-warmup in $wb" >&2; exit 1; }
+        cp "$wb/smla-bench" "$dir/bin/smla-bench-$name"
+      fi
+      env -u SMLA_KERNEL_SRC_DIR SMLA_LOG_LEVEL=warn $wb/smla-warmup --arch sm_90a "${warm_args[@]}" --sink both \
         --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
     else
       [ -d "$tree" ] || { echo "src_ab: no directory $tree" >&2; exit 1; }
@@ -79,7 +87,9 @@ bench() {
   [ -d "$tmp/cache-$v" ] || cp -r "$dir/cache-$v" "$tmp/cache-$v"
   local envs=(SMLA_CACHE_DIR=$tmp/cache-$v)
   [ -d "$dir/src/$v" ] && envs+=(SMLA_KERNEL_SRC_DIR=$dir/src/$v)
-  timeout "$STEP" env "${envs[@]}" "$dir/bin/smla-bench" "${extra[@]}" "$@" > "$OUT/$log.log" 2>&1
+  local exe=$dir/bin/smla-bench
+  [ -x "$dir/bin/smla-bench-$v" ] && exe=$dir/bin/smla-bench-$v  # a variant from another build
+  timeout "$STEP" env -u SMLA_KERNEL_SRC_DIR "${envs[@]}" "$exe" "${extra[@]}" "$@" > "$OUT/$log.log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || echo "== $log: rc $rc (see $OUT/$log.log)"
   return $rc
