@@ -57,13 +57,15 @@ void compile_all(const std::string& target, const std::vector<KernelSpec>& specs
           failures.push_back(specs[i].entry + ": not an ELF cubin with its entry symbol");
         }
         if (!has_define(specs[i], "DQ_WGMMA", 1) && !has_define(specs[i], "DKV_WGMMA", 1)) continue;
-        // The wgmma bodies, from ptxas's report: no local memory, no "wgmma serialized" (C7514/C7518:
+        // The wgmma bodies, from ptxas's report: no local memory, no "wgmma serialized" (C7514/C7515/C7518:
         // every wgmma of the kernel then waits for the one before; nvcc reported it for a dkv_interm
-        // pipeline, so NVRTC's report, which is what runs, is the one checked).
+        // pipeline and for dq variants, so NVRTC's report, which is what runs, is the one checked).
         std::string bad;
         if (r.log.find("Used ") == std::string::npos) bad = "no ptxas report in the log";
         else if (std::regex_search(r.log, std::regex("[1-9][0-9]* bytes (stack frame|spill)"))) bad = "uses local memory";
-        else if (r.log.find("C7514") != std::string::npos || r.log.find("C7518") != std::string::npos) bad = "wgmma serialized";
+        else if (r.log.find("C7514") != std::string::npos || r.log.find("C7515") != std::string::npos ||
+                 r.log.find("C7518") != std::string::npos)
+          bad = "wgmma serialized";
         ++wgmma_checked;
         if (!bad.empty()) {
           std::string name = specs[i].stem;
