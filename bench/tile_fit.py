@@ -8,7 +8,7 @@ where a pair is (token, block of 64 heads), blocks_per_pair the chunks (n_chunks
 over all chunks. c_block is what a block costs besides its tiles (its Q, dO and O prologue, the fused delta, the
 epilogue), c_tile what a tile costs; both in microseconds of one SM, and in cycles at --clock-ghz.
 
-    python3 bench/tile_fit.py [--bench build/bin/smla-bench] [--base 4096,128,5120] [--topk 32,64,...]
+    python3 bench/tile_fit.py [--bench build/bin/smla-bench] [--base 4096,128,5120] [--topk 32,64,...] [--head-block 64]
                               [--backend cuda] [--repeat 10] [--sms 132] [--clock-ghz 1.98] [--json FILE]
 
 Why: at TOPK 160 dq takes ~21.7 us of an SM per block against ~12 us for its 5 tiles at the seed's ~4700 cycles a
@@ -23,7 +23,6 @@ import subprocess
 import sys
 
 TILE_ROWS = 32  # dq's kv tile (both CUDA bodies)
-HEAD_BLOCK = 64
 
 
 def run(bench, backend, shape, repeat):
@@ -61,10 +60,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--clock-ghz", type=float, default=1.98)
+    ap.add_argument("--head-block", type=int, default=64, help="heads a dq block (64: the wgmma body)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     T, H, _ = (int(v) for v in a.base.split(","))
-    pairs = T * max(1, H // HEAD_BLOCK)
+    if H % a.head_block:
+        ap.error("H = %d is not a multiple of --head-block %d" % (H, a.head_block))
+    pairs = T * (H // a.head_block)
     points, rows = [], []
     for k in (int(v) for v in a.topk.split(",")):
         j = run(a.bench, a.backend, "%s,%d" % (a.base, k), a.repeat)
