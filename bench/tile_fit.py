@@ -101,4 +101,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as e:
+        print("tile_fit.py: %s" % e, file=sys.stderr)
+        sys.exit(1)
