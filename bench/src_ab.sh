@@ -47,21 +47,18 @@ if [ "$cmd" = prepare ]; then
   for v in "$@"; do
     name=${v%%=*} tree=${v#*=}
     [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "src_ab: bad variant name '$name'" >&2; exit 1; }
-    if [ "$tree" = - ] || [ "${tree:0:1}" = @ ]; then
-      wb=$B
-      if [ "$tree" != - ]; then
-        wb=${tree:1}/bin
-        [ -x "$wb/smla-bench" ] && [ -x "$wb/smla-warmup" ] || { echo "src_ab: no smla-bench and smla-warmup in $wb" >&2; exit 1; }
-        cp "$wb/smla-bench" "$dir/bin/smla-bench-$name"
-      fi
-      env -u SMLA_KERNEL_SRC_DIR SMLA_LOG_LEVEL=warn $wb/smla-warmup --arch sm_90a "${warm_args[@]}" --sink both \
-        --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
-    else
+    wb=$B src_env=(-u SMLA_KERNEL_SRC_DIR)  # the warm-up's build, and the sources it compiles (embedded, or a tree)
+    if [ "${tree:0:1}" = @ ]; then
+      wb=${tree:1}/bin
+      [ -x "$wb/smla-bench" ] && [ -x "$wb/smla-warmup" ] || { echo "src_ab: no smla-bench and smla-warmup in $wb" >&2; exit 1; }
+      cp "$wb/smla-bench" "$dir/bin/smla-bench-$name"
+    elif [ "$tree" != - ]; then
       [ -d "$tree" ] || { echo "src_ab: no directory $tree" >&2; exit 1; }
       cp -r "$tree" "$dir/src/$name"
-      SMLA_KERNEL_SRC_DIR=$dir/src/$name SMLA_LOG_LEVEL=warn $B/smla-warmup --arch sm_90a "${warm_args[@]}" \
-        --sink both --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
+      src_env=(SMLA_KERNEL_SRC_DIR=$dir/src/$name)
     fi
+    env "${src_env[@]}" SMLA_LOG_LEVEL=warn "$wb/smla-warmup" --arch sm_90a "${warm_args[@]}" --sink both \
+      --out "$dir/cache-$name" -j 2 > "$dir/warm-$name.log" 2>&1 || { cat "$dir/warm-$name.log" >&2; exit 1; }
     echo "$name" >> "$dir/variants.txt"
     echo "prepared $name: $(tail -1 "$dir/warm-$name.log")"
   done
