@@ -25,7 +25,23 @@
 // Measured on the H200 (docs/perf-notes.md, v2): splitting the element work this way beat one
 // warpgroup making P and the other dS; having only warpgroup 0 issue the copies was slower.
 // The host sizes shared memory with smla_dq_wgmma_smem_bytes() (common.cuh).
+//
+// With DQW_PRODUCER 1 (dq_impl 3, asked for explicitly; NUM_WARPS 12) a third warpgroup issues the kv copies:
+//   warpgroups 0-1 (consumers, setmaxnreg 224): everything above but the copies; they wait for a tile on the
+//            mbarrier full[buf] and hand its buffer back through empty[buf] once their dQ wgmma is done, and
+//            synchronize among themselves on named barrier 1 (256 threads) instead of the block barrier
+//   warpgroup 2 (producer, setmaxnreg 56): per tile, waits for empty[buf], reads the tile's 32 indices from
+//            global memory (one tile ahead), copies the rows (cp.async, zero rows for empty slots), waits for
+//            its own copies, fences them for the async proxy and arrives on full[buf]
+//   sIdx holds the four mbarriers instead of indices; delta and lse are handed over in sP instead of sPf (the
+//   first exchange may start before every consumer has read them: no block barrier at the top of a tile).
+// Why: the consumers issue the copies between their wgmma in the two-warpgroup body; knocked out, dq ran
+// 2.70 -> 2.33 ms at the seed (perf notes v7), which bounds what this body can gain.
 #include "wgmma.cuh"
+
+#ifndef DQW_PRODUCER
+#define DQW_PRODUCER 0
+#endif
 
 #if BLOCK_H != 64
 #error "the wgmma dq body needs BLOCK_H == 64 (wgmma's M)"
@@ -33,11 +49,15 @@
 #if BLOCK_R != 32
 #error "the wgmma dq body needs BLOCK_R == 32 (two kv buffers next to 128 KB of Q and dO)"
 #endif
-#if NUM_WARPS != 8
+#if !DQW_PRODUCER && NUM_WARPS != 8
 #error "the wgmma dq body runs two warpgroups (NUM_WARPS 8)"
 #endif
+#if DQW_PRODUCER && NUM_WARPS != 12
+#error "the wgmma dq body with a producer runs three warpgroups (NUM_WARPS 12)"
+#endif
 
-#define DQW_THREADS 256
+#define DQW_THREADS 256                        // the threads that compute (all of them without a producer)
+#define DQW_BLOCK_THREADS (NUM_WARPS * 32)
 #define DQW_QBYTES (64 * 1024)                 // one of sQ / sDO
 #define DQW_KVCHUNK (BLOCK_R * 128)            // one 64-column chunk of a kv buffer
 #define DQW_KVBYTES (8 * DQW_KVCHUNK)          // one kv buffer
@@ -106,8 +126,83 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[
   for (int j = 0; j < BLOCK_R * 64 / DQW_THREADS; ++j) dqw_load_kv_piece(p, k[j], skv, sflag, j);
 }
 
+#if DQW_PRODUCER
+// ---- mbarriers, named barriers and register reallocation (sm_90a), for the producer body only.
+__device__ __forceinline__ void dqw_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive (release semantics at CTA scope: this thread's earlier shared-memory writes are visible to whoever
+// waits for the phase this arrival completes).
+__device__ __forceinline__ void dqw_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Wait (acquire) until the phase of parity `parity` has completed.
+__device__ __forceinline__ void dqw_mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// The consumers' barrier (named barrier 1, the 256 computing threads; 0 is __syncthreads').
+__device__ __forceinline__ void dqw_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DQW_THREADS) : "memory"); }
+template <int N>
+__device__ __forceinline__ void dqw_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void dqw_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+#define DQW_REGS_CONSUMER 224
+#define DQW_REGS_PRODUCER 56
+static_assert(2 * 128 * DQW_REGS_CONSUMER + 128 * DQW_REGS_PRODUCER <= 65536, "setmaxnreg: more than the SM's registers");
+#define DQW_PROD_ROWS (BLOCK_R / 2)  // kv rows a producer thread copies a piece of: rows 16 (tp / 64) + j
 
-extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams p) {
+// Producer thread tp's indices of tile `tile`: rows 16 (tp / 64) + j; -1 past the chunk or the top-k.
+__device__ __forceinline__ void dqw_prod_idx(const SmlaParams& p, const int* topk_row, int tile, int (&k)[DQW_PROD_ROWS]) {
+  const int tp = threadIdx.x - DQW_THREADS;
+#pragma unroll
+  for (int j = 0; j < DQW_PROD_ROWS; ++j) {
+    const int rr = tile * BLOCK_R + (tp / 64) * DQW_PROD_ROWS + j;
+    k[j] = rr < p.r_chunk && p.r_start + rr < p.topk_n ? __ldg(topk_row + rr) : -1;
+  }
+}
+
+// The producer warpgroup's loop: every tile of the chunk into buffer tile % 2, in order.
+__device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* topk_row, int n_tiles, unsigned akv0,
+                                             int* sFlag, unsigned full0, unsigned empty0) {
+  const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
+  int k[DQW_PROD_ROWS];
+  if (n_tiles > 0) dqw_prod_idx(p, topk_row, 0, k);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    // The buffer's previous tile (tile - 2) has been consumed: its dQ wgmma are done.
+    if (tile >= 2) dqw_mbar_wait(empty0 + 8 * buf, ((tile >> 1) - 1) & 1);
+    const unsigned skv = akv0 + buf * DQW_KVBYTES;
+    int* flag = sFlag + buf * BLOCK_R;
+#pragma unroll
+    for (int j = 0; j < DQW_PROD_ROWS; ++j) {
+      const int row = rbase + j;  // row % 8 == j % 8
+      const bool valid = smla_valid_index(k[j], p.num_kv);
+      const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ (j & 7)) & 7) << 4);
+      smla_cp_async16_zfill(dst, p.kv + (unsigned long long)(valid ? k[j] : 0) * p.kv_s + c * 8, valid);
+      if (c == 0) flag[row] = valid ? 1 : 0;
+    }
+    smla_cp_async_commit();
+    // The next tile's indices while these rows are in flight.
+    if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
+    smla_cp_async_wait<0>();
+    smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
+    dqw_mbar_arrive(full0 + 8 * buf);
+  }
+}
+#endif  // DQW_PRODUCER
+
+extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
   char* base = reinterpret_cast<char*>(smem_u4);
@@ -129,6 +224,28 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
   const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
 
+#if DQW_PRODUCER
+  // sIdx holds full[2] (count: the 128 producer threads) and empty[2] (count: the 256 consumers).
+  static_assert(2 * BLOCK_R * 4 >= 4 * 8, "dq producer: four mbarriers in sIdx");
+  const unsigned full0 = smla_smem_addr(sIdx), empty0 = full0 + 16;
+  if (threadIdx.x == 0) {
+    dqw_mbar_init(full0, 128);
+    dqw_mbar_init(full0 + 8, 128);
+    dqw_mbar_init(empty0, DQW_THREADS);
+    dqw_mbar_init(empty0 + 8, DQW_THREADS);
+  }
+  __syncthreads();  // the last block-wide barrier: from here on the consumers use dqw_sync()
+  if (threadIdx.x >= DQW_THREADS) {
+    dqw_setmaxnreg_dec<DQW_REGS_PRODUCER>();
+    dqw_producer(p, topk_row, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
+    return;
+  }
+  dqw_setmaxnreg_inc<DQW_REGS_CONSUMER>();
+#define DQW_SYNC() dqw_sync()
+#else
+#define DQW_SYNC() __syncthreads()
+#endif
+
   // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
   for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
     const int hh = i / 64, c = i % 64;
@@ -136,8 +253,10 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
     smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
   }
+#if !DQW_PRODUCER
   // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
   for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
+#endif
   smla_cp_async_commit();
   // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO.
   const bool fuse_delta = p.chunk == 0;
@@ -151,21 +270,27 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
                                                             half * 256 + (threadIdx.x % 32) * 8));
   }
   smla_cp_async_wait<0>();
-  __syncthreads();
+  DQW_SYNC();
+#if !DQW_PRODUCER
   if (n_tiles > 0) {
     int k0[8];
     dqw_read_idx(sIdx, k0);
     dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
   }
   smla_cp_async_commit();
+#endif
 
   // This thread's two accumulator rows (heads) of the 64 x N fragments.
   const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
   const long long th = (long long)t * HEADS + h0;
   // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
   // phase is not planned with this body), written for d_sink and the later chunks, which read them.
+#if DQW_PRODUCER
+  float* sDelta = reinterpret_cast<float*>(sP);  // free until the first element stage, after barrier B
+#else
   float* sDelta = sPf;  // free until the first exchange, after barrier A
-  float* sLse = sPf + 64;
+#endif
+  float* sLse = sDelta + 64;
   if (fuse_delta) {
 #pragma unroll
     for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
@@ -197,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
     sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
   }
-  __syncthreads();
+  DQW_SYNC();
   // lse (base 2) and delta of the two rows
   const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
   const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
@@ -213,13 +338,21 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
+#if DQW_PRODUCER
+    // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
+    // only after barrier B, which every consumer reaches after it is done with the previous tile.
+    dqw_mbar_wait(full0 + 8 * buf, (tile >> 1) & 1);
+#else
     smla_cp_async_wait<0>();
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
     __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
+#endif
     const unsigned akv = akv0 + buf * DQW_KVBYTES;
     const int* flag = sFlag + buf * BLOCK_R;
+#if !DQW_PRODUCER
     int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
     if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
+#endif
 
     // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
     float sd[16];
@@ -240,10 +373,12 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
     // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
     // placement after this commit read rows before they landed and failed --check).
+#if !DQW_PRODUCER
     if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
     if (tile + 1 < n_tiles)
       dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
     smla_cp_async_commit();
+#endif
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
 
@@ -263,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       const int i0 = wg == 0 ? 0 : 2;
       const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
       const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
-      __syncthreads();  // (B) the halves are exchanged
+      DQW_SYNC();  // (B) the halves are exchanged
       const float4 t0 = take[tw], t1 = take[128 + tw];
       const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
       const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
@@ -289,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
       }
     }
     smla_fence_proxy_async();  // both wrote dS
-    __syncthreads();  // (C) dS is in shared memory, visible to wgmma
+    DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
 
     // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
     smla_fence_regs(acc);
@@ -315,7 +450,11 @@ extern "C" __global__ void __launch_bounds__(DQW_THREADS, 1) smla_dq(SmlaParams 
     }
     smla_wgmma_wait<0>();
     smla_fence_regs(acc);
+#if DQW_PRODUCER
+    dqw_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
+#endif
   }
+#undef DQW_SYNC
 
   // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
   const bool last = p.chunk == p.n_chunks - 1;

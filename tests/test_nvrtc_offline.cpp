@@ -37,10 +37,15 @@ bool has_define(const KernelSpec& k, const char* name, long long value) {
   return false;
 }
 
-void compile_all(const std::string& target, const std::vector<KernelSpec>& specs) {
+// Compiles every spec for `target` (failures are added to the test); returns how many wgmma bodies had their
+// ptxas report checked.
+int compile_all(const std::string& target, const std::vector<KernelSpec>& specs) {
   cuda::NvrtcCompiler nvrtc;
   std::string why;
-  ASSERT_TRUE(nvrtc.available(&why)) << "NVRTC must be present for the offline compile test: " << why;
+  if (!nvrtc.available(&why)) {
+    ADD_FAILURE() << "NVRTC must be present for the offline compile test: " << why;
+    return 0;
+  }
   nvrtc.extra_options = {"--ptxas-options=-v"};  // ptxas's report in the log (never cached here)
   std::atomic<int> wgmma_checked{0};
   KernelSources sources;
@@ -83,8 +88,8 @@ void compile_all(const std::string& target, const std::vector<KernelSpec>& specs
   for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
   for (const auto& f : failures) ADD_FAILURE() << f;
-  if (target == "sm_90a") EXPECT_GE(wgmma_checked.load(), 4);  // dq and dkv_interm wgmma bodies, at several H
   std::printf("compiled %zu kernel variants for %s\n", specs.size(), target.c_str());
+  return wgmma_checked.load();
 }
 
 long long define_of(const KernelSpec& k, const char* name) {
@@ -122,7 +127,7 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one.
   EXPECT_EQ(mma_dkv_heads, (std::set<long long>{16, 32, 64, 128}));
   EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 64, 128}));
-  compile_all("sm_90a", specs);
+  EXPECT_GE(compile_all("sm_90a", specs), 4);  // dq and dkv_interm wgmma bodies, at several H
 }
 
 TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
@@ -155,6 +160,49 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   c.dq_block_r = 64;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
+}
+
+// dq_impl 3 (wgmma with a producer warpgroup) is planned only when asked for: three warpgroups, the producer
+// define, the same tile and shared memory as dq_impl 2; it compiles for sm_90a with no local memory and no
+// serialized wgmma (setmaxnreg lets the consumers exceed the 168 registers of a 384-thread launch), and asking
+// for it where it cannot run is a clear error.
+TEST(NvrtcOffline, DqProducerBodyIsPlannedOnlyWhenAskedAndCompiles) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  auto dq_of = [](const ShapeInfo& s) {
+    for (const KernelSpec& k : cuda_phase_kernels(Phase::Dq, s)) return k;
+    throw std::runtime_error("no dq launch");
+  };
+  EXPECT_FALSE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
+  TileConfig c;
+  c.dq_impl = 3;
+  std::vector<KernelSpec> specs;
+  for (int64_t H : {64, 128}) {
+    p.H = H;
+    const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
+    const KernelSpec k = dq_of(s);
+    EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
+    EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1));
+    EXPECT_EQ(define_of(k, "NUM_WARPS"), 12);
+    EXPECT_EQ(k.block.x, 384u);
+    EXPECT_EQ(k.grid.y, unsigned(H / 64));
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
+    EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
+    specs.push_back(k);
+  }
+  EXPECT_EQ(compile_all("sm_90a", specs), 2);  // both had their ptxas report checked
+  std::string why;
+  p.H = 128;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_80"), &why));
+  EXPECT_NE(why.find("dq_impl = 3 (wgmma) needs an sm_90a target"), std::string::npos) << why;
+  p.H = 32;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), &why));
+  EXPECT_NE(why.find("multiple of 64"), std::string::npos) << why;
+  c.dq_impl = 4;
+  p.H = 128;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), &why));
+  EXPECT_NE(why.find("dq_impl = 4 must be"), std::string::npos) << why;
 }
 
 TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {

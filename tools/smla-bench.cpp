@@ -310,9 +310,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "random seed of the inputs");
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
-                 "2 wgmma (several: timed in alternating rounds, each with its ratio to the first)")
+                 "2 wgmma, 3 wgmma with a producer warpgroup (several: timed in alternating rounds, each with its ratio to the "
+                 "first)")
       ->delimiter(',')
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
   app.add_option("--rounds", o.rounds, "alternating rounds when several dq bodies are timed (default 3)")
       ->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);

@@ -76,14 +76,14 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
   r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
   r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
   r.r_chunk = s.r_chunk;
-  r.dq_impl = define_of(dq, "DQ_WGMMA") ? 2 : 1;
+  r.dq_impl = define_of(dq, "DQW_PRODUCER") ? 3 : define_of(dq, "DQ_WGMMA") ? 2 : 1;
   r.dkv_impl = define_of(dkv, "DKV_WGMMA") ? 2 : 1;
   return r;
 }
 
 std::string label(const smla::TileConfig& c) {
   char b[128];
-  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 2 ? "wgmma" : "mma  ",
+  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 3 ? "wgmmp" : c.dq_impl == 2 ? "wgmma" : "mma  ",
                 c.dq_block_h, c.dq_block_r, c.dkv_impl == 2 ? "wgmma" : "mma  ", c.dkv_block_r, c.dkv_block_d,
                 (long long)c.r_chunk);
   return b;

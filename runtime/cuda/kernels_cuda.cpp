@@ -23,7 +23,7 @@ constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must
 
 // The matrix kernels' tiles after applying the backend defaults (0 in ShapeInfo).
 struct Tiles {
-  int dq_impl;  // 1 mma.sync, 2 wgmma
+  int dq_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup (asked for only)
   int dq_block_h, dq_block_r, dq_warps;
   int dkv_impl;  // 1 mma.sync, 2 wgmma
   int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
@@ -37,8 +37,10 @@ int default_dq_block_h(int H) {
   return 16;
 }
 
-// The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups.
-constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8;
+// The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups (three with the producer of
+// dq_impl 3, dq_wgmma.cuh's DQW_PRODUCER).
+constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8, kWgmmaProducerWarps = 12;
+bool is_wgmma_dq(int dq_impl) { return dq_impl == 2 || dq_impl == 3; }
 
 // The dkv_interm wgmma body's only tile: 64 slot rows (wgmma's M) x 256 columns, two warpgroups;
 // its K = 2H must be a multiple of 64 (H % 32 == 0).
@@ -51,10 +53,10 @@ Tiles tiles_of(const ShapeInfo& s) {
   const bool wgmma_fits = s.H % kWgmmaBlockH == 0 && (s.dq_block_h == 0 || s.dq_block_h == kWgmmaBlockH) &&
                           (s.dq_block_r == 0 || s.dq_block_r == kWgmmaBlockR);
   t.dq_impl = s.dq_impl ? s.dq_impl : (s.sm90a && wgmma_fits ? 2 : 1);
-  t.dq_block_h = s.dq_block_h ? s.dq_block_h : t.dq_impl == 2 ? kWgmmaBlockH : default_dq_block_h(s.H);
+  t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
-  // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups.
-  t.dq_warps = t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
+  // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups (and a producer).
+  t.dq_warps = t.dq_impl == 3 ? kWgmmaProducerWarps : t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
   // Default dkv body: wgmma on sm_90a when the shape and the caller's tiles allow its one tile.
   const bool dkv_wgmma_fits = s.H % kDkvWgmmaHeads == 0 &&
                               (s.dkv_block_r == 0 || s.dkv_block_r == kDkvWgmmaBlockR) &&
@@ -75,7 +77,7 @@ unsigned dq_smem_bytes(int block_h, int block_r) {
 }
 
 unsigned dq_smem_of(const Tiles& t) {
-  return t.dq_impl == 2 ? smla_dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
+  return is_wgmma_dq(t.dq_impl) ? smla_dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
 }
 
 unsigned dkv_smem_of(const Tiles& t, int H) {
@@ -97,12 +99,14 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
-  if (t.dq_impl < 1 || t.dq_impl > 2) e << "dq_impl = " << t.dq_impl << " must be 0 (default), 1 (mma.sync) or 2 (wgmma); ";
-  if (t.dq_impl == 2) {
-    if (!s.sm90a) e << "dq_impl = 2 (wgmma) needs an sm_90a target; ";
-    if (s.H % kWgmmaBlockH != 0) e << "dq_impl = 2 (wgmma) needs H a multiple of 64 (H = " << s.H << "); ";
+  if (t.dq_impl < 1 || t.dq_impl > 3)
+    e << "dq_impl = " << t.dq_impl << " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3 (wgmma, producer warpgroup); ";
+  if (is_wgmma_dq(t.dq_impl)) {
+    const std::string what = "dq_impl = " + std::to_string(t.dq_impl) + " (wgmma)";
+    if (!s.sm90a) e << what << " needs an sm_90a target; ";
+    if (s.H % kWgmmaBlockH != 0) e << what << " needs H a multiple of 64 (H = " << s.H << "); ";
     if (t.dq_block_h != kWgmmaBlockH || t.dq_block_r != kWgmmaBlockR)
-      e << "dq_impl = 2 (wgmma) has one tile, 64 x 32 (asked " << t.dq_block_h << "x" << t.dq_block_r << "); ";
+      e << what << " has one tile, 64 x 32 (asked " << t.dq_block_h << "x" << t.dq_block_r << "); ";
   }
   if (dq_smem_of(t) > kMaxSmem)
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
@@ -153,14 +157,15 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
     throw Error(Status::Unsupported, "shape not supported by the CUDA kernels: " + why, __FILE__, __LINE__,
                 "cuda_phase_kernels");
   const Tiles t = tiles_of(s);
-  // The wgmma dq body computes delta and lse_n itself at chunk 0 (dq_wgmma.cuh): no delta launch.
-  if (phase == Phase::Delta && t.dq_impl == 2) return {};
+  // The wgmma dq bodies compute delta and lse_n themselves at chunk 0 (dq_wgmma.cuh): no delta launch.
+  if (phase == Phase::Delta && is_wgmma_dq(t.dq_impl)) return {};
   if (is_shared_phase(phase)) return shared_phase_kernels(phase, s, 32);
   switch (phase) {
     case Phase::Dq: {
       std::vector<std::pair<std::string, long long>> d{
           {"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}};
-      if (t.dq_impl == 2) d.emplace_back("DQ_WGMMA", 1);
+      if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
+      if (t.dq_impl == 3) d.emplace_back("DQW_PRODUCER", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
       return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
                         dq_smem_of(t))};
