@@ -33,7 +33,8 @@ struct ShapeInfo {
   // tile choices for the matrix phases (0 = the backend's default)
   int dq_block_h = 0, dq_block_r = 0;
   int dkv_block_r = 0, dkv_block_d = 0;
-  /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
+  /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only), 3 = 2 with a
+  /// producer warpgroup (asked for only).
   int dq_impl = 0;
   /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
   int dkv_impl = 0;

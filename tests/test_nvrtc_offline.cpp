@@ -92,6 +92,12 @@ int compile_all(const std::string& target, const std::vector<KernelSpec>& specs)
   return wgmma_checked.load();
 }
 
+// The (first) launch of `phase` planned for `s`.
+KernelSpec launch_of(Phase phase, const ShapeInfo& s) {
+  for (const KernelSpec& k : cuda_phase_kernels(phase, s)) return k;
+  throw std::runtime_error("no launch of the phase");
+}
+
 long long define_of(const KernelSpec& k, const char* name) {
   for (const auto& d : k.defines)
     if (d.first == name) return d.second;
@@ -133,10 +139,7 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
 TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
-  auto dq_of = [](const ShapeInfo& s) {
-    for (const KernelSpec& k : cuda_phase_kernels(Phase::Dq, s)) return k;
-    throw std::runtime_error("no dq launch");
-  };
+  auto dq_of = [](const ShapeInfo& s) { return launch_of(Phase::Dq, s); };
   ShapeInfo s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_90a");
   KernelSpec k = dq_of(s);
   EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
@@ -170,10 +173,7 @@ TEST(NvrtcOffline, DqProducerBodyIsPlannedOnlyWhenAskedAndCompiles) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
   const size_t budget = runtime_env().interm_budget;
-  auto dq_of = [](const ShapeInfo& s) {
-    for (const KernelSpec& k : cuda_phase_kernels(Phase::Dq, s)) return k;
-    throw std::runtime_error("no dq launch");
-  };
+  auto dq_of = [](const ShapeInfo& s) { return launch_of(Phase::Dq, s); };
   EXPECT_FALSE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
   TileConfig c;
   c.dq_impl = 3;
@@ -209,10 +209,7 @@ TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
   const size_t budget = runtime_env().interm_budget;
-  auto dkv_of = [](const ShapeInfo& s) {
-    for (const KernelSpec& k : cuda_phase_kernels(Phase::DkvInterm, s)) return k;
-    throw std::runtime_error("no dkv_interm launch");
-  };
+  auto dkv_of = [](const ShapeInfo& s) { return launch_of(Phase::DkvInterm, s); };
   // sm_90a, H = 128: the wgmma body, its one tile, two warpgroups, its shared-memory formula.
   KernelSpec k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
   EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
