@@ -116,7 +116,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   const std::string path = d.path + "/tuning.json";
   for (int dkv : {0, 1, 2}) {
     TuningEntry e = entry(64, 16);  // r_chunk 16 divides the three topk values used here
-    e.config.dq_impl = 2 - dkv % 2;
+    e.config.dq_impl = 3 - dkv;  // 3, 2, 1: every dq body
     e.config.dkv_impl = dkv;
     TuningDb(path, "v1").store("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv), e);
   }
@@ -130,9 +130,9 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
     auto c = TuningDb(path, "v1").lookup("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv));
     ASSERT_TRUE(c) << dkv;
     EXPECT_EQ(c->dkv_impl, dkv);
-    EXPECT_EQ(c->dq_impl, 2 - dkv % 2);
+    EXPECT_EQ(c->dq_impl, 3 - dkv);
     TileConfig want = entry(64, 16).config;
-    want.dq_impl = 2 - dkv % 2;
+    want.dq_impl = 3 - dkv;
     want.dkv_impl = dkv;
     EXPECT_EQ(*c, want);
   }
@@ -142,14 +142,17 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   EXPECT_FALSE(a == b);
 
   // Rewrite the file by hand: one entry without the body keys (an older smla), one with dkv_impl
-  // out of range, one with dkv_impl not an integer.
+  // out of range, one with dkv_impl not an integer, one with dq_impl out of range.
   const Problem old_p = problem(4096, 128, 5120, 512), range_p = problem(4096, 128, 5120, 528),
-                type_p = problem(4096, 128, 5120, 544);
+                type_p = problem(4096, 128, 5120, 544), dq_range_p = problem(4096, 128, 5120, 560);
   auto& entries = doc["entries"];
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dkv_impl");
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dq_impl");
   entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 3;
   entries[tuning_key("sm_90a", type_p, "v1")]["config"]["dkv_impl"] = "2";
+  entries[tuning_key("sm_90a", dq_range_p, "v1")] = entries[tuning_key("sm_90a", type_p, "v1")];
+  entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dkv_impl"] = 2;
+  entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dq_impl"] = 4;
   std::ofstream(path, std::ios::trunc) << doc.dump();
   TuningDb db(path, "v1");
   auto old_c = db.lookup("sm_90a", old_p);
@@ -159,8 +162,9 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   EXPECT_EQ(old_c->dq_block_h, 64);
   EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 3 was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", type_p)) << "dkv_impl = \"2\" was accepted";
+  EXPECT_FALSE(db.lookup("sm_90a", dq_range_p)) << "dq_impl = 4 was accepted";
   const auto w = db.warnings();
-  ASSERT_EQ(w.size(), 2u);
+  ASSERT_EQ(w.size(), 3u);
   for (const auto& m : w) EXPECT_NE(m.find("malformed entry"), std::string::npos) << m;
 }
 
