@@ -35,11 +35,6 @@
 //            its own copies, fences them for the async proxy and arrives on full[buf]
 //   sIdx holds the four mbarriers instead of indices; delta and lse are handed over in sP instead of sPf (the
 //   first exchange may start before every consumer has read them: no block barrier at the top of a tile).
-//   Persistent: the host launches one block an SM (KernelSpec::persistent), each block strides over the work
-//   items (token, head block); the producer runs on into the next item's tiles, and after an item's last S/dP
-//   each computing warpgroup issues the next item's Q (warpgroup 0) or dO (warpgroup 1), so that their load
-//   overlaps the element work, the dQ MMA and the epilogue. The fused delta loads O in two rounds of 4 heads
-//   (one round's 64 registers spilled beside the loop's state).
 // Why: the consumers issue the copies between their wgmma in the two-warpgroup body; knocked out, dq ran
 // 2.70 -> 2.33 ms at the seed (perf notes v7), which bounds what this body can gain.
 #include "wgmma.cuh"
@@ -82,18 +77,6 @@ SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"
 #endif
-
-#define DQW_DELTA_ROUNDS (DQW_PRODUCER ? 2 : 1)
-// Round `r` of the fused delta's O loads: this lane's 16-byte pieces of heads r * n + j (n = 8 / DQW_DELTA_ROUNDS).
-template <int N>
-__device__ __forceinline__ void dqw_load_o(const SmlaParams& p, int t, int h0, int r, uint4 (&ov)[N][2]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(r * N + j)) * p.o_sh +
-                                                          half * 256 + (threadIdx.x % 32) * 8));
-}
 
 // Slot of a tile's row in `sidx`: the 8 rows r0 + 4 j (j = 0..7) that thread r0 * 64 + c copies are 8 consecutive
 // ints, read with two 16-byte loads.
@@ -189,37 +172,16 @@ __device__ __forceinline__ void dqw_prod_idx(const SmlaParams& p, const int* top
   }
 }
 
-// Top-k row of the chunk for work item `item` (token item / (HEADS / 64)).
-__device__ __forceinline__ const int* dqw_topk_row(const SmlaParams& p, int item) {
-  return p.topk + (long long)(item / (HEADS / 64)) * p.topk_st + p.r_start;
-}
-
-// A computing warpgroup's operand of work item `item` into `dst` (sQ or sDO): Q for warpgroup 0, dO for warpgroup 1,
-// swizzled as the S/dP wgmma read it (row = head, 8 chunks of 64 columns); 32 cp.async a thread.
-__device__ __forceinline__ void dqw_load_qdo_wg(const SmlaParams& p, int item, char* dst) {
-  const int t = item / (HEADS / 64), h0 = (item % (HEADS / 64)) * 64, wg = threadIdx.x / 128;
-  const smla_bf16* src = wg == 0 ? p.q + t * p.q_st + h0 * p.q_sh : p.dout + t * p.do_st + h0 * p.do_sh;
-  const long long sh = wg == 0 ? p.q_sh : p.do_sh;
-  for (int i = threadIdx.x % 128; i < 64 * 64; i += 128) {
-    const int hh = i / 64, c = i % 64;
-    smla_cp_async16(dst + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8), src + hh * sh + c * 8);
-  }
-}
-
-// The producer warpgroup's loop: every tile of every work item of this block (items blockIdx.x, + gridDim.x, ...),
-// in order, the g-th into buffer g % 2; it runs into the next item while the consumers finish the last one.
-__device__ __forceinline__ void dqw_producer(const SmlaParams& p, int n_items, int n_tiles, unsigned akv0, int* sFlag,
-                                             unsigned full0, unsigned empty0) {
+// The producer warpgroup's loop: every tile of the chunk into buffer tile % 2, in order.
+__device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* topk_row, int n_tiles, unsigned akv0,
+                                             int* sFlag, unsigned full0, unsigned empty0) {
   const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
-  int item = blockIdx.x, tile = 0;
-  if (n_tiles <= 0 || item >= n_items) return;
-  const int* topk_row = dqw_topk_row(p, item);
   int k[DQW_PROD_ROWS];
-  dqw_prod_idx(p, topk_row, 0, k);
-  for (int g = 0;; ++g) {
-    const int buf = g & 1;
-    // The buffer's previous tile (g - 2) has been consumed: its dQ wgmma are done.
-    if (g >= 2) dqw_mbar_wait(empty0 + 8 * buf, ((g >> 1) - 1) & 1);
+  if (n_tiles > 0) dqw_prod_idx(p, topk_row, 0, k);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    // The buffer's previous tile (tile - 2) has been consumed: its dQ wgmma are done.
+    if (tile >= 2) dqw_mbar_wait(empty0 + 8 * buf, ((tile >> 1) - 1) & 1);
     const unsigned skv = akv0 + buf * DQW_KVBYTES;
     int* flag = sFlag + buf * BLOCK_R;
 #pragma unroll
@@ -231,16 +193,11 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, int n_items, i
       if (c == 0) flag[row] = valid ? 1 : 0;
     }
     smla_cp_async_commit();
-    // The next tile's indices (of this item or the next) while these rows are in flight.
-    const bool more = ++tile < n_tiles || (tile = 0, item += gridDim.x) < n_items;
-    if (more) {
-      if (tile == 0) topk_row = dqw_topk_row(p, item);
-      dqw_prod_idx(p, topk_row, tile, k);
-    }
+    // The next tile's indices while these rows are in flight.
+    if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
     smla_cp_async_wait<0>();
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
     dqw_mbar_arrive(full0 + 8 * buf);
-    if (!more) return;
   }
 }
 #endif  // DQW_PRODUCER
@@ -259,15 +216,15 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
   int* sIdx = sFlag + 2 * BLOCK_R;
 
+  const int t = blockIdx.x;
+  const int h0 = blockIdx.y * 64;
   const int wg = threadIdx.x / 128, tw = threadIdx.x % 128;
   const int warp = tw / 32, lane = tw % 32;
   const int r_chunk = p.r_chunk;
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
+  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
 
 #if DQW_PRODUCER
-  // Persistent: work item i is (token i / (HEADS / 64), head block i % (HEADS / 64)); block b takes b, b + gridDim.x,
-  // ... (the host launches at most one block an SM; any grid is correct).
-  const int n_items = p.T * (HEADS / 64);
   // sIdx holds full[2] (count: the 128 producer threads) and empty[2] (count: the 256 consumers).
   static_assert(2 * BLOCK_R * 4 >= 4 * 8, "dq producer: four mbarriers in sIdx");
   const unsigned full0 = smla_smem_addr(sIdx), empty0 = full0 + 16;
@@ -280,274 +237,247 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   __syncthreads();  // the last block-wide barrier: from here on the consumers use dqw_sync()
   if (threadIdx.x >= DQW_THREADS) {
     dqw_setmaxnreg_dec<DQW_REGS_PRODUCER>();
-    dqw_producer(p, n_items, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
+    dqw_producer(p, topk_row, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
     return;
   }
   dqw_setmaxnreg_inc<DQW_REGS_CONSUMER>();
 #define DQW_SYNC() dqw_sync()
-  int g = 0;                 // tiles taken so far (the producer's count: buffer g % 2, mbarrier phase g / 2)
-  bool qdo_landing = false;  // this item's Q and dO were issued by the previous item's last tile
-  for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const int t = item / (HEADS / 64), h0 = (item % (HEADS / 64)) * 64;
-    const bool has_next = item + (int)gridDim.x < n_items;
 #else
 #define DQW_SYNC() __syncthreads()
-  {
-    const int t = blockIdx.x, h0 = blockIdx.y * 64;
-    const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
 #endif
-    // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns (with the producer: unless
-    // the previous item's last tile issued them).
+
+  // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
+  for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
+    const int hh = i / 64, c = i % 64;
+    const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
+    smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
+    smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
+  }
+#if !DQW_PRODUCER
+  // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
+  for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
+#endif
+  smla_cp_async_commit();
+  // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO.
+  const bool fuse_delta = p.chunk == 0;
+  uint4 ov[DQW_DELTA_HEADS][2];
+  if (fuse_delta) {
+#pragma unroll
+    for (int j = 0; j < DQW_DELTA_HEADS; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(j)) * p.o_sh +
+                                                            half * 256 + (threadIdx.x % 32) * 8));
+  }
+  smla_cp_async_wait<0>();
+  DQW_SYNC();
+#if !DQW_PRODUCER
+  if (n_tiles > 0) {
+    int k0[8];
+    dqw_read_idx(sIdx, k0);
+    dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
+  }
+  smla_cp_async_commit();
+#endif
+
+  // This thread's two accumulator rows (heads) of the 64 x N fragments.
+  const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
+  const long long th = (long long)t * HEADS + h0;
+  // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
+  // phase is not planned with this body), written for d_sink and the later chunks, which read them.
 #if DQW_PRODUCER
-    if (!qdo_landing) dqw_load_qdo_wg(p, item, wg == 0 ? sQ : sDO);
+  float* sDelta = reinterpret_cast<float*>(sP);  // free until the first element stage, after barrier B
 #else
-    for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
-      const int hh = i / 64, c = i % 64;
-      const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
-      smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
-      smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
-    }
+  float* sDelta = sPf;  // free until the first exchange, after barrier A
 #endif
-#if !DQW_PRODUCER
-    // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
-    for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
-#endif
-    smla_cp_async_commit();
-    // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO (with the
-    // producer: in two rounds of 4 heads, the second loaded after the first is used: 64 registers of O beside
-    // the persistent loop's state spilled).
-    const bool fuse_delta = p.chunk == 0;
-    uint4 ov[DQW_DELTA_HEADS / DQW_DELTA_ROUNDS][2];
-    if (fuse_delta) dqw_load_o(p, t, h0, 0, ov);
-    smla_cp_async_wait<0>();
-#if DQW_PRODUCER
-    smla_fence_proxy_async();  // Q and dO, for wgmma (dq_impl 2 fences them at its barrier A)
-#endif
-    DQW_SYNC();
-#if !DQW_PRODUCER
-    if (n_tiles > 0) {
-      int k0[8];
-      dqw_read_idx(sIdx, k0);
-      dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
-    }
-    smla_cp_async_commit();
-#endif
-
-    // This thread's two accumulator rows (heads) of the 64 x N fragments.
-    const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
-    const long long th = (long long)t * HEADS + h0;
-    // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
-    // phase is not planned with this body), written for d_sink and the later chunks, which read them.
-#if DQW_PRODUCER
-    float* sDelta = reinterpret_cast<float*>(sP);  // free until the first element stage, after barrier B
-#else
-    float* sDelta = sPf;  // free until the first exchange, after barrier A
-#endif
-    float* sLse = sDelta + 64;
-    if (fuse_delta) {
+  float* sLse = sDelta + 64;
+  if (fuse_delta) {
 #pragma unroll
-      for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
-        constexpr int per_round = DQW_DELTA_HEADS / DQW_DELTA_ROUNDS;
-        if (j > 0 && j % per_round == 0) dqw_load_o(p, t, h0, j / per_round, ov);
-        const int hh = dqw_delta_head(j);
-        const int jr = j % per_round;
-        float sum = 0.f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int c = half * 32 + threadIdx.x % 32;  // 16-byte piece of the row
-          const uint4 gv = *reinterpret_cast<const uint4*>(sDO + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8));
-          const unsigned ow[4] = {ov[jr][half].x, ov[jr][half].y, ov[jr][half].z, ov[jr][half].w};
-          const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sum = fmaf(smla_lo_f(ow[e]), smla_lo_f(gw[e]), sum);
-            sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
-          }
-        }
-        sum = smla_warp_sum(sum);
-        if (threadIdx.x % 32 == j) {
-          const int h = h0 + hh;
-          const float l = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
-          sDelta[hh] = sum;
-          sLse[hh] = l;
-          p.delta[th + hh] = sum;
-          p.lse_n[th + hh] = l;
-        }
-      }
-    } else if (threadIdx.x < 64) {
-      sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
-      sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
-    }
-    DQW_SYNC();
-    // lse (base 2) and delta of the two rows
-    const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
-    const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
-    const float sl2 = p.scale * DQW_LOG2E;
-
-    const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);
-    const unsigned akv0 = smla_smem_addr(sKV);
-    const unsigned ads = smla_smem_addr(sDS);
-
-    float acc[128];
-#pragma unroll
-    for (int j = 0; j < 128; ++j) acc[j] = 0.f;
-
-    for (int tile = 0; tile < n_tiles; ++tile) {
-#if DQW_PRODUCER
-      const int buf = g & 1;  // the producer's g-th tile of this block
-      // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
-      // only after barrier B, which every consumer reaches after it is done with the previous tile.
-      dqw_mbar_wait(full0 + 8 * buf, (g >> 1) & 1);
-#else
-      const int buf = tile & 1;
-      smla_cp_async_wait<0>();
-      smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
-      __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
-#endif
-      const unsigned akv = akv0 + buf * DQW_KVBYTES;
-      const int* flag = sFlag + buf * BLOCK_R;
-#if !DQW_PRODUCER
-      int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
-      if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
-#endif
-
-      // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
-      float sd[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) sd[j] = 0.f;
-      smla_fence_regs(sd);
-      smla_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 32; ++kk) {
-        const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
-        const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
-        smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
-      }
-      smla_wgmma_commit();
-      // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
-      // the next tile's kv rows (its indices landed before barrier A) into the other buffer (free: its dQ
-      // was waited for before (A)). Measured at the seed (docs/perf-notes.md, v7), dq ms: 2.71 issued here,
-      // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
-      // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
-      // placement after this commit read rows before they landed and failed --check).
-#if !DQW_PRODUCER
-      if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
-      if (tile + 1 < n_tiles)
-        dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
-      smla_cp_async_commit();
-#endif
-      smla_wgmma_wait<0>();
-      smla_fence_regs(sd);
-#if DQW_PRODUCER
-      // After the last S/dP of the item, its Q (warpgroup 0) or dO (warpgroup 1) is no longer read: the next
-      // item's, in flight through the element work, dQ and the epilogue.
-      if (tile == n_tiles - 1 && has_next) {
-        dqw_load_qdo_wg(p, item + gridDim.x, wg == 0 ? sQ : sDO);
-        smla_cp_async_commit();
-      }
-#endif
-
-      // ---- both: warpgroup 0 takes slots 0-15 (i = 0, 1), warpgroup 1 slots 16-31 (i = 2, 3); each
-      // hands the other the half of its S or dP that the other needs (fp32, register order).
-      {
-        float4* give = reinterpret_cast<float4*>(sPf) + wg * 256;        // wg 0: S(i 2,3); wg 1: dP(i 0,1)
-        const float4* take = reinterpret_cast<const float4*>(sPf) + (wg ^ 1) * 256;
-        float g[8];  // (static register indices only: a computed index would put sd in local memory)
-#pragma unroll
-        for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
-        give[tw] = make_float4(g[0], g[1], g[2], g[3]);
-        give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
-        // Validity of this thread's four slots (8 i + 2 (lane % 4) + e, i = i0, i0 + 1), read here, before
-        // any store below: read between the stores, each element became one dependent chain (shared
-        // load, exp2, stores) ~8 times over (measured: the element stage was ~1200 cycles a tile).
-        const int i0 = wg == 0 ? 0 : 2;
-        const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
-        const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
-        DQW_SYNC();  // (B) the halves are exchanged
-        const float4 t0 = take[tw], t1 = take[128 + tw];
-        const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
-        const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
-        // All eight exponentials first (independent), then dS, then the stores.
-        float pe[8];
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int half = (r >> 1) & 1;
-          const float s_ = wg == 0 ? sd[r] : other[r];
-          // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
-          pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
-                                                               : -__int_as_float(0x7f800000));
-        }
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
-          const int col = 8 * i + 2 * (lane % 4) + e;
-          const float dp_ = wg == 0 ? other[r] : sd[8 + r];
-          const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
-          const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
-          *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
-          *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
-        }
-      }
-      smla_fence_proxy_async();  // both wrote dS
-      DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
-
-      // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
-      smla_fence_regs(acc);
-      smla_wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
-        const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
-        const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
-        smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
-      }
-      smla_wgmma_commit();
-
-      // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
-      for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
-        const int rl = i / 8, c = i % 8;
-        const int rr = tile * BLOCK_R + rl;
-        if (rr < r_chunk) {
-          const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
-          const unsigned so = smla_swz128(rl, c * 8);
-          *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
-          *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
-        }
-      }
-      smla_wgmma_wait<0>();
-      smla_fence_regs(acc);
-#if DQW_PRODUCER
-      dqw_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
-      ++g;
-#endif
-    }
-
-    // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
-    const bool last = p.chunk == p.n_chunks - 1;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int d = 256 * wg + 8 * i + 2 * (lane % 4);
+    for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
+      const int hh = dqw_delta_head(j);
+      float sum = 0.f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int h = h0 + (half ? hl_b : hl_a);
-        float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
-        if (p.n_chunks > 1) {
-          float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
-          if (p.chunk > 0) {
-            const float2 c = *carry;
-            v0 = c.x + v0;
-            v1 = c.y + v1;
-          }
-          if (!last) {
-            *carry = make_float2(v0, v1);
-            continue;
-          }
+        const int c = half * 32 + threadIdx.x % 32;  // 16-byte piece of the row
+        const uint4 gv = *reinterpret_cast<const uint4*>(sDO + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8));
+        const unsigned ow[4] = {ov[j][half].x, ov[j][half].y, ov[j][half].z, ov[j][half].w};
+        const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sum = fmaf(smla_lo_f(ow[e]), smla_lo_f(gw[e]), sum);
+          sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
         }
-        *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
+      }
+      sum = smla_warp_sum(sum);
+      if (threadIdx.x % 32 == j) {
+        const int h = h0 + hh;
+        const float l = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
+        sDelta[hh] = sum;
+        sLse[hh] = l;
+        p.delta[th + hh] = sum;
+        p.lse_n[th + hh] = l;
       }
     }
+  } else if (threadIdx.x < 64) {
+    sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
+    sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
+  }
+  DQW_SYNC();
+  // lse (base 2) and delta of the two rows
+  const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
+  const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
+  const float sl2 = p.scale * DQW_LOG2E;
+
+  const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);
+  const unsigned akv0 = smla_smem_addr(sKV);
+  const unsigned ads = smla_smem_addr(sDS);
+
+  float acc[128];
+#pragma unroll
+  for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
 #if DQW_PRODUCER
-    qdo_landing = has_next && n_tiles > 0;
+    // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
+    // only after barrier B, which every consumer reaches after it is done with the previous tile.
+    dqw_mbar_wait(full0 + 8 * buf, (tile >> 1) & 1);
+#else
+    smla_cp_async_wait<0>();
+    smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
+    __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
+#endif
+    const unsigned akv = akv0 + buf * DQW_KVBYTES;
+    const int* flag = sFlag + buf * BLOCK_R;
+#if !DQW_PRODUCER
+    int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
+    if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
+#endif
+
+    // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
+    float sd[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) sd[j] = 0.f;
+    smla_fence_regs(sd);
+    smla_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 32; ++kk) {
+      const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
+      const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
+      smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
+    }
+    smla_wgmma_commit();
+    // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
+    // the next tile's kv rows (its indices landed before barrier A) into the other buffer (free: its dQ
+    // was waited for before (A)). Measured at the seed (docs/perf-notes.md, v7), dq ms: 2.71 issued here,
+    // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
+    // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
+    // placement after this commit read rows before they landed and failed --check).
+#if !DQW_PRODUCER
+    if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
+    if (tile + 1 < n_tiles)
+      dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
+    smla_cp_async_commit();
+#endif
+    smla_wgmma_wait<0>();
+    smla_fence_regs(sd);
+
+    // ---- both: warpgroup 0 takes slots 0-15 (i = 0, 1), warpgroup 1 slots 16-31 (i = 2, 3); each
+    // hands the other the half of its S or dP that the other needs (fp32, register order).
+    {
+      float4* give = reinterpret_cast<float4*>(sPf) + wg * 256;        // wg 0: S(i 2,3); wg 1: dP(i 0,1)
+      const float4* take = reinterpret_cast<const float4*>(sPf) + (wg ^ 1) * 256;
+      float g[8];  // (static register indices only: a computed index would put sd in local memory)
+#pragma unroll
+      for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
+      give[tw] = make_float4(g[0], g[1], g[2], g[3]);
+      give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
+      // Validity of this thread's four slots (8 i + 2 (lane % 4) + e, i = i0, i0 + 1), read here, before
+      // any store below: read between the stores, each element became one dependent chain (shared
+      // load, exp2, stores) ~8 times over (measured: the element stage was ~1200 cycles a tile).
+      const int i0 = wg == 0 ? 0 : 2;
+      const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
+      const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
+      DQW_SYNC();  // (B) the halves are exchanged
+      const float4 t0 = take[tw], t1 = take[128 + tw];
+      const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+      const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
+      // All eight exponentials first (independent), then dS, then the stores.
+      float pe[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int half = (r >> 1) & 1;
+        const float s_ = wg == 0 ? sd[r] : other[r];
+        // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
+        pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
+                                                             : -__int_as_float(0x7f800000));
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
+        const int col = 8 * i + 2 * (lane % 4) + e;
+        const float dp_ = wg == 0 ? other[r] : sd[8 + r];
+        const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
+        const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
+        *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
+        *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
+      }
+    }
+    smla_fence_proxy_async();  // both wrote dS
+    DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
+
+    // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
+    smla_fence_regs(acc);
+    smla_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
+      const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
+      const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
+      smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
+    }
+    smla_wgmma_commit();
+
+    // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
+    for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
+      const int rl = i / 8, c = i % 8;
+      const int rr = tile * BLOCK_R + rl;
+      if (rr < r_chunk) {
+        const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
+        const unsigned so = smla_swz128(rl, c * 8);
+        *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
+        *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
+      }
+    }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(acc);
+#if DQW_PRODUCER
+    dqw_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
 #endif
   }
 #undef DQW_SYNC
+
+  // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
+  const bool last = p.chunk == p.n_chunks - 1;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int d = 256 * wg + 8 * i + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = h0 + (half ? hl_b : hl_a);
+      float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
+      if (p.n_chunks > 1) {
+        float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
+        if (p.chunk > 0) {
+          const float2 c = *carry;
+          v0 = c.x + v0;
+          v1 = c.y + v1;
+        }
+        if (!last) {
+          *carry = make_float2(v0, v1);
+          continue;
+        }
+      }
+      *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
+    }
+  }
 }

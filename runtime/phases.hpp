@@ -55,9 +55,6 @@ struct KernelSpec {
   Dim3 grid, block;
   unsigned smem_bytes = 0;  // dynamic shared memory
   int pass = 0;             // copied into SmlaParams::pass (radix-sort passes of csr)
-  /// grid.x counts work items that the kernel's blocks stride over (item blockIdx.x, + gridDim.x, ...): the
-  /// backend may launch fewer blocks, one per multiprocessor (the CUDA backend does: dq_impl 3).
-  bool persistent = false;
 };
 
 // ---- helpers for the backend families' spec tables (runtime/cuda, runtime/hip)

@@ -145,7 +145,6 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
   EXPECT_EQ(k.block.x, 256u);
   EXPECT_EQ(k.grid.y, 2u);  // 64 heads a block
-  EXPECT_FALSE(k.persistent);
   s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_80");
   EXPECT_FALSE(has_define(dq_of(s), "DQ_WGMMA", 1));
   // H = 32 on sm_90a: wgmma's M is 64, so the mma.sync body.
@@ -166,8 +165,8 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
 }
 
-// dq_impl 3 (wgmma with a producer warpgroup, persistent) is planned only when asked for: three warpgroups, the
-// producer define, the same tile and shared memory as dq_impl 2, a grid of work items; it compiles for sm_90a with no local memory and no
+// dq_impl 3 (wgmma with a producer warpgroup) is planned only when asked for: three warpgroups, the producer
+// define, the same tile and shared memory as dq_impl 2; it compiles for sm_90a with no local memory and no
 // serialized wgmma (setmaxnreg lets the consumers exceed the 168 registers of a 384-thread launch), and asking
 // for it where it cannot run is a clear error.
 TEST(NvrtcOffline, DqProducerBodyIsPlannedOnlyWhenAskedAndCompiles) {
@@ -187,9 +186,7 @@ TEST(NvrtcOffline, DqProducerBodyIsPlannedOnlyWhenAskedAndCompiles) {
     EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1));
     EXPECT_EQ(define_of(k, "NUM_WARPS"), 12);
     EXPECT_EQ(k.block.x, 384u);
-    EXPECT_TRUE(k.persistent);  // grid.x counts (token, head block) items; the backend launches one block an SM
-    EXPECT_EQ(k.grid.x, unsigned(4096 * (H / 64)));
-    EXPECT_EQ(k.grid.y, 1u);
+    EXPECT_EQ(k.grid.y, unsigned(H / 64));
     EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
     EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
     specs.push_back(k);

@@ -1,8 +1,6 @@
 // cuda_backend.cpp: loads cubins and launches them through the driver API.
 #include "cuda_backend.hpp"
 
-#include <algorithm>
-
 #include "cuda_api.hpp"
 
 namespace smla::cuda {
@@ -13,7 +11,6 @@ struct CudaKernel : LoadedKernel {
   CUfunction fn = nullptr;
   CUcontext ctx = nullptr;
   int device = 0;
-  unsigned max_grid_x = 0;  // a persistent spec's block count: the device's multiprocessors (0: not persistent)
   ~CudaKernel() override {
     if (module) {
       driver().CtxSetCurrent(ctx);
@@ -122,13 +119,6 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
                                           " bytes of shared memory; the device allows " + std::to_string(limit));
     SMLA_CU(driver().FuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)spec.smem_bytes));
   }
-  if (spec.persistent) {  // one block a multiprocessor (the persistent bodies take all of its shared memory)
-    CUdevice dev;
-    int sms = 0;
-    SMLA_CU(driver().DeviceGet(&dev, device));
-    SMLA_CU(driver().DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-    k->max_grid_x = static_cast<unsigned>(std::max(sms, 1));
-  }
   return k;
 }
 
@@ -136,8 +126,7 @@ void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const S
   const auto& k = static_cast<const CudaKernel&>(lk);
   SMLA_CU(driver().CtxSetCurrent(k.ctx));
   void* args[] = {const_cast<SmlaParams*>(&p)};
-  const unsigned grid_x = k.max_grid_x ? std::min(spec.grid.x, k.max_grid_x) : spec.grid.x;
-  SMLA_CU(driver().LaunchKernel(k.fn, grid_x, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y,
+  SMLA_CU(driver().LaunchKernel(k.fn, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y,
                                 spec.block.z, spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
 }
 

@@ -167,12 +167,6 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
       if (t.dq_impl == 3) d.emplace_back("DQW_PRODUCER", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
-      if (t.dq_impl == 3) {  // persistent: work item i is (token i / (H / 64), head block i % (H / 64))
-        KernelSpec k = make_spec("dq", "smla_dq", std::move(d), grid_xy(unsigned(s.T) * unsigned(s.H / t.dq_block_h)),
-                                 t.dq_warps * 32, dq_smem_of(t));
-        k.persistent = true;
-        return {k};
-      }
       return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
                         dq_smem_of(t))};
     }
