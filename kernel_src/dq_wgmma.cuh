@@ -457,23 +457,16 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #undef DQW_SYNC
 
   // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
-  // The output goes through shared memory: each warpgroup stages its 64 heads x 256 columns (32 KB) in sQ
-  // (warpgroup 0) or sDO (warpgroup 1), which no wgmma reads any more (every S/dP was waited for before the last
-  // tile's barrier B), then stores whole 512-byte row pieces, 16 bytes a thread. Stored straight from the
-  // fragments (4 bytes a thread, 8 rows a warp instruction) the epilogue took ~8000 cycles a block, ~11% of a
-  // block at the seed (clock stamps, perf notes v9). Staging rows are 512 bytes; 16-byte piece i of row r sits at
-  // piece i ^ (r % 8), so a warp's fragment stores and its row reads are free of bank conflicts.
   const bool last = p.chunk == p.n_chunks - 1;
-  char* stage = wg == 0 ? sQ : sDO;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int d = 256 * wg + 8 * i + 2 * (lane % 4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int hl = half ? hl_b : hl_a;
+      const int h = h0 + (half ? hl_b : hl_a);
       float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
       if (p.n_chunks > 1) {
-        float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h0 + hl) * SMLA_D + d);
+        float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
         if (p.chunk > 0) {
           const float2 c = *carry;
           v0 = c.x + v0;
@@ -484,20 +477,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
           continue;
         }
       }
-      *reinterpret_cast<unsigned*>(stage + hl * 512 + ((i ^ (hl & 7)) << 4) + (lane % 4) * 4) = smla_pack_bf2(v0, v1);
-    }
-  }
-  if (last) {
-    // This warpgroup's staging is complete (named barriers 2 and 3: 0 is __syncthreads', 1 the producer body's).
-    if (wg == 0)
-      asm volatile("bar.sync 2, 128;" ::: "memory");
-    else
-      asm volatile("bar.sync 3, 128;" ::: "memory");
-#pragma unroll 4
-    for (int k = tw; k < 64 * 32; k += 128) {
-      const int r = k / 32, c = k % 32;
-      *reinterpret_cast<uint4*>(p.dq + t * p.dq_st + (h0 + r) * p.dq_sh + 256 * wg + 8 * c) =
-          *reinterpret_cast<const uint4*>(stage + r * 512 + ((c ^ (r & 7)) << 4));
+      *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
     }
   }
 }
