@@ -34,7 +34,7 @@ struct ShapeInfo {
   int dq_block_h = 0, dq_block_r = 0;
   int dkv_block_r = 0, dkv_block_d = 0;
   /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only), 3 = 2 with a
-  /// producer warpgroup (asked for only).
+  /// producer warpgroup (the CUDA default on sm_90a).
   int dq_impl = 0;
   /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
   int dkv_impl = 0;

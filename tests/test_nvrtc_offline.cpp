@@ -143,7 +143,8 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   ShapeInfo s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_90a");
   KernelSpec k = dq_of(s);
   EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
-  EXPECT_EQ(k.block.x, 256u);
+  EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1));  // the default on sm_90a: dq_impl 3
+  EXPECT_EQ(k.block.x, 384u);
   EXPECT_EQ(k.grid.y, 2u);  // 64 heads a block
   s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_80");
   EXPECT_FALSE(has_define(dq_of(s), "DQ_WGMMA", 1));
@@ -165,33 +166,36 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
 }
 
-// dq_impl 3 (wgmma with a producer warpgroup) is planned only when asked for: three warpgroups, the producer
-// define, the same tile and shared memory as dq_impl 2; it compiles for sm_90a with no local memory and no
-// serialized wgmma (setmaxnreg lets the consumers exceed the 168 registers of a 384-thread launch), and asking
-// for it where it cannot run is a clear error.
-TEST(NvrtcOffline, DqProducerBodyIsPlannedOnlyWhenAskedAndCompiles) {
+// The two wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by
+// the sweep above) and dq_impl 2 (two warpgroups; asked for only). Three or two warpgroups, the producer define,
+// the same tile and shared memory; both compile for sm_90a with no local memory and no serialized wgmma
+// (setmaxnreg lets dq_impl 3's consumers exceed the 168 registers of a 384-thread launch); asking for either
+// where it cannot run is a clear error.
+TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
   const size_t budget = runtime_env().interm_budget;
   auto dq_of = [](const ShapeInfo& s) { return launch_of(Phase::Dq, s); };
-  EXPECT_FALSE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
+  EXPECT_TRUE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
   TileConfig c;
-  c.dq_impl = 3;
   std::vector<KernelSpec> specs;
-  for (int64_t H : {64, 128}) {
-    p.H = H;
-    const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
-    const KernelSpec k = dq_of(s);
-    EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
-    EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1));
-    EXPECT_EQ(define_of(k, "NUM_WARPS"), 12);
-    EXPECT_EQ(k.block.x, 384u);
-    EXPECT_EQ(k.grid.y, unsigned(H / 64));
-    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
-    EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
-    specs.push_back(k);
-  }
-  EXPECT_EQ(compile_all("sm_90a", specs), 2);  // both had their ptxas report checked
+  for (int impl : {2, 3})
+    for (int64_t H : {64, 128}) {
+      c.dq_impl = impl;
+      p.H = H;
+      const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
+      const KernelSpec k = dq_of(s);
+      EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
+      EXPECT_EQ(has_define(k, "DQW_PRODUCER", 1), impl == 3);
+      EXPECT_EQ(define_of(k, "NUM_WARPS"), impl == 3 ? 12 : 8);
+      EXPECT_EQ(k.block.x, impl == 3 ? 384u : 256u);
+      EXPECT_EQ(k.grid.y, unsigned(H / 64));
+      EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
+      EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
+      specs.push_back(k);
+    }
+  EXPECT_EQ(compile_all("sm_90a", specs), 4);  // every one had its ptxas report checked
+  c.dq_impl = 3;
   std::string why;
   p.H = 128;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_80"), &why));

@@ -163,8 +163,8 @@ struct TileConfig {
   int dkv_block_r = 0, dkv_block_d = 0;
   int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
   /// dq body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA (sm_90a, H % 64 == 0),
-  /// 3 = warpgroup MMA with a producer warpgroup issuing the kv copies (same constraints as 2; experimental, never
-  /// chosen by the planner).
+  /// 3 = warpgroup MMA with a producer warpgroup issuing the kv copies (same constraints as 2; the planner's choice
+  /// on sm_90a).
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256).
