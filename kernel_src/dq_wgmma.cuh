@@ -26,7 +26,8 @@
 // warpgroup making P and the other dS; having only warpgroup 0 issue the copies was slower.
 // The host sizes shared memory with smla_dq_wgmma_smem_bytes() (common.cuh).
 //
-// With DQW_PRODUCER 1 (dq_impl 3, asked for explicitly; NUM_WARPS 12) a third warpgroup issues the kv copies:
+// With DQW_PRODUCER 1 (dq_impl 3, the planner's choice on sm_90a; NUM_WARPS 12) a third warpgroup issues the kv
+// copies:
 //   warpgroups 0-1 (consumers, setmaxnreg 224): everything above but the copies; they wait for a tile on the
 //            mbarrier full[buf] and hand its buffer back through empty[buf] once their dQ wgmma is done, and
 //            synchronize among themselves on named barrier 1 (256 threads) instead of the block barrier
@@ -270,6 +271,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
                                                             half * 256 + (threadIdx.x % 32) * 8));
   }
   smla_cp_async_wait<0>();
+#if DQW_PRODUCER
+  smla_fence_proxy_async();  // Q and dO, for wgmma (the two-warpgroup body fences them at its barrier A)
+#endif
   DQW_SYNC();
 #if !DQW_PRODUCER
   if (n_tiles > 0) {
