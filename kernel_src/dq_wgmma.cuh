@@ -107,17 +107,25 @@ __device__ __forceinline__ void dqw_read_idx(const int* sidx, int (&k)[8]) {
   k[0] = a.x, k[1] = a.y, k[2] = a.z, k[3] = a.w, k[4] = b.x, k[5] = b.y, k[6] = b.z, k[7] = b.w;
 }
 
-// Piece j (0..7) of this thread's share of one kv tile (k: the row's index) into the buffer at shared address
-// `skv`: 16-byte piece c = threadIdx % 64 of row threadIdx / 64 + 4 j. An empty slot (or one past the chunk or
-// the top-k) becomes a zero row with a zero flag: a zero-fill copy (src-size 0) of kv row 0, no branch.
-// Everything but the row's index is the same for every tile (the destination's swizzle depends on
-// row % 8 = threadIdx / 64 + 4 (j % 2)), so a piece is a handful of instructions.
-__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, int k, unsigned skv, int* sflag, int j) {
-  const int r0 = threadIdx.x / 64, c = threadIdx.x % 64, row = r0 + 4 * j;
+// 16-byte piece c (0..63) of kv row k into row `row` of the kv buffer at shared address `skv`, with its flag; `swz`
+// is row % 8 (the 128-byte swizzle), given by each caller in the form that compiles to the fewest instructions for
+// its row mapping. An empty slot (or one past the chunk or the top-k) becomes a zero row with a zero flag: a
+// zero-fill copy (src-size 0) of kv row 0, no branch.
+__device__ __forceinline__ void dqw_copy_piece(const SmlaParams& p, int k, unsigned skv, int* sflag, int row, int c,
+                                               int swz) {
   const bool valid = smla_valid_index(k, p.num_kv);
-  const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ (r0 + 4 * (j & 1))) & 7) << 4);
+  const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ swz) & 7) << 4);
   smla_cp_async16_zfill(dst, p.kv + (unsigned long long)(valid ? k : 0) * p.kv_s + c * 8, valid);
   if (c == 0) sflag[row] = valid ? 1 : 0;
+}
+
+// Piece j (0..7) of this thread's share of one kv tile (k: the row's index) into the buffer at shared address
+// `skv` (two-warpgroup body): 16-byte piece c = threadIdx % 64 of row threadIdx / 64 + 4 j. Everything but the
+// row's index is the same for every tile (row % 8 = threadIdx / 64 + 4 (j % 2)), so a piece is a handful of
+// instructions.
+__device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, int k, unsigned skv, int* sflag, int j) {
+  const int r0 = threadIdx.x / 64, c = threadIdx.x % 64;
+  dqw_copy_piece(p, k, skv, sflag, r0 + 4 * j, c, r0 + 4 * (j & 1));
 }
 static_assert(BLOCK_R * 64 / DQW_THREADS == 8 && DQW_THREADS == 256, "dqw_load_kv_piece: 8 pieces, rows r0 + 4 j");
 
@@ -186,13 +194,7 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
     const unsigned skv = akv0 + buf * DQW_KVBYTES;
     int* flag = sFlag + buf * BLOCK_R;
 #pragma unroll
-    for (int j = 0; j < DQW_PROD_ROWS; ++j) {
-      const int row = rbase + j;  // row % 8 == j % 8
-      const bool valid = smla_valid_index(k[j], p.num_kv);
-      const unsigned dst = skv + (c >> 3) * DQW_KVCHUNK + row * 128 + ((((c & 7) ^ (j & 7)) & 7) << 4);
-      smla_cp_async16_zfill(dst, p.kv + (unsigned long long)(valid ? k[j] : 0) * p.kv_s + c * 8, valid);
-      if (c == 0) flag[row] = valid ? 1 : 0;
-    }
+    for (int j = 0; j < DQW_PROD_ROWS; ++j) dqw_copy_piece(p, k[j], skv, flag, rbase + j, c, j & 7);  // row % 8 == j % 8
     smla_cp_async_commit();
     // The next tile's indices while these rows are in flight.
     if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
