@@ -83,7 +83,7 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
 
 std::string label(const smla::TileConfig& c) {
   char b[128];
-  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 3 ? "wgmmp" : c.dq_impl == 2 ? "wgmma" : "mma  ",
+  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 3 ? "wgmma3" : c.dq_impl == 2 ? "wgmma2" : "mma   ",
                 c.dq_block_h, c.dq_block_r, c.dkv_impl == 2 ? "wgmma" : "mma  ", c.dkv_block_r, c.dkv_block_d,
                 (long long)c.r_chunk);
   return b;
