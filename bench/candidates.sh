@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# candidates.sh: kernel-source changes written but not yet measured on the GPU, kept on main as patches
+# (bench/candidates/NAME.patch: a paragraph saying what, why and the prediction, then a `git diff` of kernel_src/),
+# because branches and ignored directories have not survived from one session's checkout to the next.
+#
+#   here (no GPU):  bench/candidates.sh prepare DIR [-s T,H,NUM_KV,TOPK]... [NAME...]
+#       applies each patch (all of them, or the NAMEs) to a copy of kernel_src/ and runs `bench/src_ab.sh prepare`
+#       with main's embedded sources as the first variant ("main") and one variant per patch: a patch that no
+#       longer applies, or a tree that does not compile for sm_90a, fails here. Run from the repository root
+#       (BUILD: the build directory, as for src_ab.sh).
+#   device:         bash bench/src_ab.sh run DIR     (CHECK=1: --check every variant; see src_ab.sh)
+#
+# A candidate that measures faster goes into kernel_src/ in its own commit and its patch is deleted; one that does
+# not is deleted too, with its numbers in docs/perf-notes.md.
+set -uo pipefail
+usage() { sed -n 2,15p "$0"; exit 2; }
+[ "${1:-}" = prepare ] && [ $# -ge 2 ] || usage
+dir=${2%/}
+shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+shapes=() names=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -s) [ $# -ge 2 ] || usage; shapes+=(-s "$2"); shift 2 ;;
+    -*) usage ;;
+    *) names+=("$1"); shift ;;
+  esac
+done
+if [ ${#names[@]} -eq 0 ]; then
+  for f in "$root"/bench/candidates/*.patch; do [ -e "$f" ] && names+=("$(basename "$f" .patch)"); done
+fi
+[ ${#names[@]} -gt 0 ] || { echo "candidates: no patches in bench/candidates/" >&2; exit 1; }
+trees=$(mktemp -d /tmp/candidates.XXXXXX) || exit 1
+trap 'rm -rf "$trees"' EXIT
+variants=(main=-)
+for n in "${names[@]}"; do
+  f=$root/bench/candidates/$n.patch
+  [ -f "$f" ] || { echo "candidates: no $f" >&2; exit 1; }
+  mkdir -p "$trees/$n" && cp -r "$root/kernel_src" "$trees/$n/" || exit 1
+  (cd "$trees/$n" && git apply "$f") || { echo "candidates: $n.patch does not apply to kernel_src/" >&2; exit 1; }
+  variants+=("$n=$trees/$n/kernel_src")
+done
+bash "$root/bench/src_ab.sh" prepare "$dir" "${shapes[@]}" "${variants[@]}"
