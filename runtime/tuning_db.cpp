@@ -102,14 +102,16 @@ bool entry_from_json(const json& v, TuningEntry* e) {
   e->config.dkv_block_d = c["dkv_block_d"].get<int>();
   e->config.r_chunk = c["r_chunk"].get<int64_t>();
   // The bodies are optional (entries written before a body existed read as 0, the planner's choice);
-  // a value outside 0..max (dq_impl 3, dkv_impl 2) rejects the entry.
+  // a value outside 0..max (TileConfig::kMaxDqImpl, kMaxDkvImpl) rejects the entry.
   auto body = [&c](const char* k, int max, int* dst) {
     if (!c.contains(k)) return true;
     if (!c[k].is_number_integer() || c[k].get<int64_t>() < 0 || c[k].get<int64_t>() > max) return false;
     *dst = c[k].get<int>();
     return true;
   };
-  if (!body("dq_impl", 3, &e->config.dq_impl) || !body("dkv_impl", 2, &e->config.dkv_impl)) return false;
+  if (!body("dq_impl", TileConfig::kMaxDqImpl, &e->config.dq_impl) ||
+      !body("dkv_impl", TileConfig::kMaxDkvImpl, &e->config.dkv_impl))
+    return false;
   e->ms = v.value("ms", 0.0);
   e->heuristic_ms = v.value("heuristic_ms", 0.0);
   e->T_tuned = v.value("T_tuned", int64_t(0));

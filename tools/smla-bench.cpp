@@ -313,7 +313,7 @@ int main(int argc, char** argv) {
                  "2 wgmma, 3 wgmma with a producer warpgroup (several: timed in alternating rounds, each with its ratio to the "
                  "first)")
       ->delimiter(',')
-      ->check(CLI::Range(0, 3));
+      ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));
   app.add_option("--rounds", o.rounds, "alternating rounds when several dq bodies are timed (default 3)")
       ->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);

@@ -101,7 +101,7 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
-  if (t.dq_impl < 1 || t.dq_impl > 3)
+  if (t.dq_impl < 1 || t.dq_impl > TileConfig::kMaxDqImpl)
     e << "dq_impl = " << t.dq_impl << " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3 (wgmma, producer warpgroup); ";
   if (is_wgmma_dq(t.dq_impl)) {
     const std::string what = "dq_impl = " + std::to_string(t.dq_impl) + " (wgmma)";
@@ -114,7 +114,7 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
       << kMaxSmem << "); ";
   // dkv_interm
-  if (t.dkv_impl < 1 || t.dkv_impl > 2)
+  if (t.dkv_impl < 1 || t.dkv_impl > TileConfig::kMaxDkvImpl)
     e << "dkv_impl = " << t.dkv_impl << " must be 0 (default), 1 (mma.sync) or 2 (wgmma); ";
   if (t.dkv_impl == 2) {
     if (!s.sm90a) e << "dkv_impl = 2 (wgmma) needs an sm_90a target; ";
