@@ -272,6 +272,13 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(j)) * p.o_sh +
                                                             half * 256 + (threadIdx.x % 32) * 8));
   }
+  // This lane's head of the fused delta (lanes 0-7: head dqw_delta_head(lane)): its natural-log lse, loaded with O
+  // so that the latency is spent in the Q/dO wait, not after the reductions.
+  float lse_mine = 0.f;
+  if (fuse_delta && threadIdx.x % 32 < DQW_DELTA_HEADS) {
+    const int h = h0 + dqw_delta_head(threadIdx.x % 32);
+    lse_mine = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
+  }
   smla_cp_async_wait<0>();
 #if DQW_PRODUCER
   smla_fence_proxy_async();  // Q and dO, for wgmma (the two-warpgroup body fences them at its barrier A)
@@ -298,6 +305,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
   float* sLse = sDelta + 64;
   if (fuse_delta) {
+    // The eight heads' partial sums first, then their butterflies interleaved (eight independent chains, not
+    // eight dependent reductions with a one-lane branch between them), then lane j writes head j.
+    float sums[DQW_DELTA_HEADS];
 #pragma unroll
     for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
       const int hh = dqw_delta_head(j);
@@ -314,15 +324,22 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
           sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
         }
       }
-      sum = smla_warp_sum(sum);
-      if (threadIdx.x % 32 == j) {
-        const int h = h0 + hh;
-        const float l = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
-        sDelta[hh] = sum;
-        sLse[hh] = l;
-        p.delta[th + hh] = sum;
-        p.lse_n[th + hh] = l;
-      }
+      sums[j] = sum;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int j = 0; j < DQW_DELTA_HEADS; ++j) sums[j] += SMLA_SHFL_XOR(sums[j], o);
+    const int jl = threadIdx.x % 32;
+    if (jl < DQW_DELTA_HEADS) {
+      float sum = sums[0];
+#pragma unroll
+      for (int j = 1; j < DQW_DELTA_HEADS; ++j) sum = jl == j ? sums[j] : sum;
+      const int hh = dqw_delta_head(jl);
+      sDelta[hh] = sum;
+      sLse[hh] = lse_mine;
+      p.delta[th + hh] = sum;
+      p.lse_n[th + hh] = lse_mine;
     }
   } else if (threadIdx.x < 64) {
     sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
