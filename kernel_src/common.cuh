@@ -67,8 +67,10 @@ SMLA_HD constexpr unsigned smla_dkv_smem_bytes(int h, int block_r, int block_d) 
 // halves (64 x 128 each, 32 KB), and 1 KB of slack to align the start to 1024 bytes. H = 128: 230400 B.
 #define SMLA_DKV_WGMMA_ROWS 64
 #define SMLA_DKV_WGMMA_COLS 256
-SMLA_HD constexpr unsigned smla_dkv_wgmma_smem_bytes(int h) {
-  return 2u * h * 256u * 2u + 3u * (64u * (2u * h) * 2u > 32768u ? 64u * (2u * h) * 2u : 32768u) + 1024u;
+// producer 1: dkv_impl 3 (dkv_wgmma.cuh's DKW_PRODUCER), 64 bytes more for its mbarriers.
+SMLA_HD constexpr unsigned smla_dkv_wgmma_smem_bytes(int h, int producer = 0) {
+  return 2u * h * 256u * 2u + 3u * (64u * (2u * h) * 2u > 32768u ? 64u * (2u * h) * 2u : 32768u) + 1024u +
+         (producer ? 64u : 0u);
 }
 
 #if defined(SMLA_DEVICE_CODE)  // CUDA and HIP: bf16 conversions, reductions, slot validity

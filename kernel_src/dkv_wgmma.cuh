@@ -18,8 +18,14 @@
 #if BLOCK_R != SMLA_DKV_WGMMA_ROWS || BLOCK_D != SMLA_DKV_WGMMA_COLS
 #error "the wgmma dkv body has one tile: BLOCK_R 64 (wgmma's M) x BLOCK_D 256 (two warpgroups of 128 columns)"
 #endif
-#if NUM_WARPS != 8
+#ifndef DKW_PRODUCER
+#define DKW_PRODUCER 0
+#endif
+#if !DKW_PRODUCER && NUM_WARPS != 8
 #error "the wgmma dkv body runs two warpgroups (NUM_WARPS 8)"
+#endif
+#if DKW_PRODUCER && NUM_WARPS != 12
+#error "the wgmma dkv body with a producer runs three warpgroups (NUM_WARPS 12)"
 #endif
 #if HEADS % 32 != 0
 #error "the wgmma dkv body needs HEADS a multiple of 32 (K = 2H in chunks of 64)"
@@ -39,14 +45,17 @@
 #define DKW_OBYTES (2 * DKW_OCHUNK)   // 64 rows x 128 columns bf16, one warpgroup's staging half
 // A slot holds one A tile, and after its MMA both warpgroups' staging halves.
 #define DKW_ASLOT (DKW_ABYTES > 2 * DKW_OBYTES ? DKW_ABYTES : 2 * DKW_OBYTES)
-static_assert(DKW_BBYTES + 3 * DKW_ASLOT + 1024 == smla_dkv_wgmma_smem_bytes(HEADS),
+#define DKW_BARS (DKW_PRODUCER ? 64 : 0)  // dkv_impl 3's mbarriers: B landed, full[3], empty[3]
+static_assert(DKW_BBYTES + 3 * DKW_ASLOT + DKW_BARS + 1024 == smla_dkv_wgmma_smem_bytes(HEADS, DKW_PRODUCER),
               "dkv_wgmma's shared-memory carve and smla_dkv_wgmma_smem_bytes() disagree");
-SMLA_CHECK_SMEM(smla_dkv_wgmma_smem_bytes(HEADS));
+SMLA_CHECK_SMEM(smla_dkv_wgmma_smem_bytes(HEADS, DKW_PRODUCER));
 
-// Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero.
-__device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t, int tile) {
+// Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero. The
+// calling threads are first, first + stride, ... (every thread of the block, or the producer warpgroup's).
+__device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t, int tile, int first = threadIdx.x,
+                                           int stride = DKW_THREADS) {
   constexpr int PIECES = DKW_K / 8, HALF = HEADS / 8;  // 16-byte pieces of a row; of its ds half
-  for (int i = threadIdx.x; i < 64 * PIECES; i += DKW_THREADS) {
+  for (int i = first; i < 64 * PIECES; i += stride) {
     const int row = i / PIECES, c = i % PIECES;
     const int rr = tile * 64 + row;
     char* dst = sa + (c >> 3) * DKW_ACHUNK + smla_swz128(row, (c & 7) * 8);
@@ -56,6 +65,17 @@ __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t,
     } else {
       smla_st_shared_zero16(dst);
     }
+  }
+}
+
+// B = [q ; dout], columns d0 .. d0 + 255 of token t, into `sb`: row k = head (q) or H + head (dout). Threads as
+// in dkw_load_a.
+__device__ __forceinline__ void dkw_load_b(const SmlaParams& p, char* sb, int t, int d0, int first = threadIdx.x,
+                                           int stride = DKW_THREADS) {
+  for (int i = first; i < DKW_K * 32; i += stride) {
+    const int k = i / 32, c = i % 32;  // c: 16-byte piece of the 512-byte row
+    const smla_bf16* src = k < HEADS ? p.q + t * p.q_st + k * p.q_sh : p.dout + t * p.do_st + (k - HEADS) * p.do_sh;
+    smla_cp_async16(sb + (c >> 3) * DKW_BCHUNK + smla_swz128(k, (c & 7) * 8), src + d0 + c * 8);
   }
 }
 
@@ -101,6 +121,7 @@ __device__ __forceinline__ void dkw_mma(float (&acc)[64], unsigned aa, unsigned 
   smla_wgmma_commit();
 }
 
+#if !DKW_PRODUCER
 extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   char* base = reinterpret_cast<char*>(smem_u4);
@@ -115,12 +136,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
   const int wg = threadIdx.x / 128;
   const int n_tiles = (p.r_chunk + 63) / 64;
 
-  // B = [q ; dout], columns d0 .. d0 + 255 of this token, once: row k = head (q) or H + head (dout).
-  for (int i = threadIdx.x; i < DKW_K * 32; i += DKW_THREADS) {
-    const int k = i / 32, c = i % 32;  // c: 16-byte piece of the 512-byte row
-    const smla_bf16* src = k < HEADS ? p.q + t * p.q_st + k * p.q_sh : p.dout + t * p.do_st + (k - HEADS) * p.do_sh;
-    smla_cp_async16(sB + (c >> 3) * DKW_BCHUNK + smla_swz128(k, (c & 7) * 8), src + d0 + c * 8);
-  }
+  dkw_load_b(p, sB, t, d0);
   // Tiles 0, 1, 2 into slots 0, 1, 2: one commit group each (maybe empty), so wait<1> is "tile i + 1 has
   // landed" when tile i + 2's group is the only one that may still be in flight.
 #pragma unroll
@@ -181,3 +197,114 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
   else
     finish(acc1, n_tiles - 1);
 }
+#else  // DKW_PRODUCER: dkv_impl 3
+#include "sm90_sync.cuh"
+
+// dkv_impl 3: the same product with a producer warpgroup and one 64 x 256 tile per consumer warpgroup.
+//   warpgroup 2 (producer, setmaxnreg 56): B, then every A tile of the chunk into slot tile % 3 (cp.async, zero rows
+//            past the chunk), one commit group behind: after issuing tile j it waits for tile j - 1, fences it for
+//            the async proxy and arrives on full[(j - 1) % 3]; tile j >= 3 first waits for empty[j % 3] (tile j - 3's
+//            MMA is done)
+//   warpgroups 0-1 (consumers, setmaxnreg 224): warpgroup w takes tiles w, w + 2, ...: D (64 x 256, fp32, 128
+//            registers) = A_tile B with m64n256k16 (A read once per k-step instead of once per warpgroup: the N 128
+//            form of dkv_impl 2 asks shared memory for 2 x 6 KB per two 64-cycle steps, more than its 128 B a
+//            cycle), then arrives on empty[slot] and stores D from its registers (8-byte pieces, two lanes of a
+//            quad swapping one word, so that a warp writes whole 32-byte sectors): no staging, no block barrier;
+//            one warpgroup's stores overlap the other's MMA.
+#define DKW_BLOCK_THREADS (NUM_WARPS * 32)
+#define DKW_REGS_CONSUMER 224
+#define DKW_REGS_PRODUCER 56
+static_assert(2 * 128 * DKW_REGS_CONSUMER + 128 * DKW_REGS_PRODUCER <= 65536, "setmaxnreg: more than the SM's registers");
+
+// D of one tile (64 rows x 256 columns, this warpgroup's fragments) -> bf16 -> interm rows tile * 64 + .., columns
+// d0 + ..; d[4 i + 2 half + e] is row 16 warp + lane / 4 + 8 half, column 8 i + 2 (lane % 4) + e.
+__device__ __forceinline__ void dkw_store_direct(const SmlaParams& p, const float (&acc)[128], int t, int d0, int tile) {
+  const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
+  const bool odd = lane & 1;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int rr = tile * 64 + 16 * warp + lane / 4 + 8 * half;
+    const bool ok = rr < p.r_chunk;  // every lane shuffles; only rows of the chunk are stored
+    smla_bf16* dst = p.interm + ((long long)t * p.r_chunk + rr) * SMLA_D + d0 + 2 * (lane % 4 & ~1);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const unsigned w0 = smla_pack_bf2_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+      const unsigned w1 = smla_pack_bf2_rn(acc[4 * (i + 1) + 2 * half], acc[4 * (i + 1) + 2 * half + 1]);
+      const unsigned got = SMLA_SHFL_XOR(odd ? w0 : w1, 1);
+      if (ok) *reinterpret_cast<uint2*>(dst + 8 * (i + (odd ? 1 : 0))) = odd ? make_uint2(got, w1) : make_uint2(w0, got);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_interm(SmlaParams p) {
+  extern __shared__ uint4 smem_u4[];
+  char* base = reinterpret_cast<char*>(smem_u4);
+  base = smla_align1024(base);  // the host asks for 1 KB of slack
+  char* sB = base;
+  char* sA = sB + DKW_BBYTES;  // three slots
+  const unsigned bfull = smla_smem_addr(sA + 3 * DKW_ASLOT), full0 = bfull + 8, empty0 = full0 + 24;
+
+  const int t = blockIdx.x / (SMLA_D / 256);
+  const int d0 = (blockIdx.x % (SMLA_D / 256)) * 256;
+  const int n_tiles = (p.r_chunk + 63) / 64;
+  if (threadIdx.x == 0) {
+    smla_mbar_init(bfull, 128);
+    for (int s = 0; s < 3; ++s) {
+      smla_mbar_init(full0 + 8 * s, 128);
+      smla_mbar_init(empty0 + 8 * s, 128);
+    }
+  }
+  __syncthreads();  // the only block-wide barrier
+
+  if (threadIdx.x >= 256) {  // ---- producer
+    smla_setmaxnreg_dec<DKW_REGS_PRODUCER>();
+    const int tp = threadIdx.x - 256;
+    dkw_load_b(p, sB, t, d0, tp, 128);
+    smla_cp_async_commit();
+    dkw_load_a(p, sA, t, 0, tp, 128);  // n_tiles >= 1 (r_chunk >= 1)
+    smla_cp_async_commit();
+    smla_cp_async_wait<1>();
+    smla_fence_proxy_async();  // this thread's B pieces, for wgmma
+    smla_mbar_arrive(bfull);
+    for (int j = 1; j < n_tiles; ++j) {
+      const int s = j % 3;
+      if (j >= 3) smla_mbar_wait(empty0 + 8 * s, (j / 3 - 1) & 1);  // tile j - 3's MMA is done with the slot
+      dkw_load_a(p, sA + s * DKW_ASLOT, t, j, tp, 128);
+      smla_cp_async_commit();
+      smla_cp_async_wait<1>();   // tile j - 1 has landed (this thread's pieces)
+      smla_fence_proxy_async();  // its copies and zero rows, for wgmma
+      smla_mbar_arrive(full0 + 8 * ((j - 1) % 3));
+    }
+    smla_cp_async_wait<0>();
+    smla_fence_proxy_async();
+    smla_mbar_arrive(full0 + 8 * ((n_tiles - 1) % 3));
+    return;
+  }
+
+  // ---- consumers
+  smla_setmaxnreg_inc<DKW_REGS_CONSUMER>();
+  const int wg = threadIdx.x / 128;
+  const unsigned ab = smla_smem_addr(sB), aa0 = smla_smem_addr(sA);
+  smla_mbar_wait(bfull, 0);
+  float acc[128];
+  for (int j = wg; j < n_tiles; j += 2) {
+    const int s = j % 3;
+    smla_mbar_wait(full0 + 8 * s, (j / 3) & 1);
+    // D = A_tile (64 x 2H, K-major) * B (2H x 256, MN-major); the first k-step ignores acc's old value. Issued and
+    // waited for inside the iteration: no wgmma is in flight across the back edge (ptxas would serialize them all).
+    smla_fence_regs(acc);
+    smla_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < DKW_K / 16; ++kk) {
+      const unsigned long long da = smla_wgmma_desc(aa0 + s * DKW_ASLOT + (kk >> 2) * DKW_ACHUNK + (kk & 3) * 32, 16, 1024);
+      const unsigned long long db = smla_wgmma_desc(ab + kk * 2048, DKW_BCHUNK, 1024);
+      smla_wgmma_m64n256k16<0, 1>(acc, da, db, kk > 0);
+    }
+    smla_wgmma_commit();
+    smla_wgmma_wait<0>();
+    smla_fence_regs(acc);
+    smla_mbar_arrive(empty0 + 8 * s);  // this thread's wgmma are done with the slot
+    dkw_store_direct(p, acc, t, d0, j);
+  }
+}
+#endif  // DKW_PRODUCER

@@ -39,6 +39,7 @@
 // Why: the consumers issue the copies between their wgmma in the two-warpgroup body; knocked out, dq ran
 // 2.70 -> 2.33 ms at the seed (perf notes v7), which bounds what this body can gain.
 #include "wgmma.cuh"
+#include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
 #ifndef DQW_PRODUCER
 #define DQW_PRODUCER 0
@@ -136,36 +137,8 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[
 }
 
 #if DQW_PRODUCER
-// ---- mbarriers, named barriers and register reallocation (sm_90a), for the producer body only.
-__device__ __forceinline__ void dqw_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrive (release semantics at CTA scope: this thread's earlier shared-memory writes are visible to whoever
-// waits for the phase this arrival completes).
-__device__ __forceinline__ void dqw_mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Wait (acquire) until the phase of parity `parity` has completed.
-__device__ __forceinline__ void dqw_mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// The consumers' barrier (named barrier 1, the 256 computing threads; 0 is __syncthreads').
-__device__ __forceinline__ void dqw_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DQW_THREADS) : "memory"); }
-template <int N>
-__device__ __forceinline__ void dqw_setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void dqw_setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
-}
+// The consumers' barrier (named barrier 1, the 256 computing threads).
+__device__ __forceinline__ void dqw_sync() { smla_named_sync<1, DQW_THREADS>(); }
 #define DQW_REGS_CONSUMER 224
 #define DQW_REGS_PRODUCER 56
 static_assert(2 * 128 * DQW_REGS_CONSUMER + 128 * DQW_REGS_PRODUCER <= 65536, "setmaxnreg: more than the SM's registers");
@@ -190,7 +163,7 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
     // The buffer's previous tile (tile - 2) has been consumed: its dQ wgmma are done.
-    if (tile >= 2) dqw_mbar_wait(empty0 + 8 * buf, ((tile >> 1) - 1) & 1);
+    if (tile >= 2) smla_mbar_wait(empty0 + 8 * buf, ((tile >> 1) - 1) & 1);
     const unsigned skv = akv0 + buf * DQW_KVBYTES;
     int* flag = sFlag + buf * BLOCK_R;
 #pragma unroll
@@ -200,7 +173,7 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
     if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
     smla_cp_async_wait<0>();
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
-    dqw_mbar_arrive(full0 + 8 * buf);
+    smla_mbar_arrive(full0 + 8 * buf);
   }
 }
 #endif  // DQW_PRODUCER
@@ -232,18 +205,18 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   static_assert(2 * BLOCK_R * 4 >= 4 * 8, "dq producer: four mbarriers in sIdx");
   const unsigned full0 = smla_smem_addr(sIdx), empty0 = full0 + 16;
   if (threadIdx.x == 0) {
-    dqw_mbar_init(full0, 128);
-    dqw_mbar_init(full0 + 8, 128);
-    dqw_mbar_init(empty0, DQW_THREADS);
-    dqw_mbar_init(empty0 + 8, DQW_THREADS);
+    smla_mbar_init(full0, 128);
+    smla_mbar_init(full0 + 8, 128);
+    smla_mbar_init(empty0, DQW_THREADS);
+    smla_mbar_init(empty0 + 8, DQW_THREADS);
   }
   __syncthreads();  // the last block-wide barrier: from here on the consumers use dqw_sync()
   if (threadIdx.x >= DQW_THREADS) {
-    dqw_setmaxnreg_dec<DQW_REGS_PRODUCER>();
+    smla_setmaxnreg_dec<DQW_REGS_PRODUCER>();
     dqw_producer(p, topk_row, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
     return;
   }
-  dqw_setmaxnreg_inc<DQW_REGS_CONSUMER>();
+  smla_setmaxnreg_inc<DQW_REGS_CONSUMER>();
 #define DQW_SYNC() dqw_sync()
 #else
 #define DQW_SYNC() __syncthreads()
@@ -364,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #if DQW_PRODUCER
     // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
     // only after barrier B, which every consumer reaches after it is done with the previous tile.
-    dqw_mbar_wait(full0 + 8 * buf, (tile >> 1) & 1);
+    smla_mbar_wait(full0 + 8 * buf, (tile >> 1) & 1);
 #else
     smla_cp_async_wait<0>();
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
@@ -474,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     smla_wgmma_wait<0>();
     smla_fence_regs(acc);
 #if DQW_PRODUCER
-    dqw_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
+    smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
 #endif
   }
 #undef DQW_SYNC

@@ -36,7 +36,8 @@ struct ShapeInfo {
   /// dq body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only), 3 = 2 with a
   /// producer warpgroup (the CUDA default on sm_90a).
   int dq_impl = 0;
-  /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only).
+  /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only), 3 = 2 with
+  /// a producer warpgroup and a 64 x 256 tile per consumer warpgroup.
   int dkv_impl = 0;
   /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
   bool sm90a = false;

@@ -209,6 +209,33 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_NE(why.find("dq_impl = 4 must be"), std::string::npos) << why;
 }
 
+// The two wgmma dkv_interm bodies: dkv_impl 2 (two warpgroups sharing each 64-row tile, the planner's choice) and
+// dkv_impl 3 (a producer warpgroup; each consumer warpgroup one 64 x 256 tile with m64n256k16). Three or two
+// warpgroups, the producer define, 64 bytes more shared memory for dkv_impl 3's mbarriers; both compile for sm_90a
+// at H 32, 64 and 128 with no local memory and no serialized wgmma.
+TEST(NvrtcOffline, BothWgmmaDkvBodiesArePlannableAndCompile) {
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  TileConfig c;
+  std::vector<KernelSpec> specs;
+  for (int impl : {2, 3})
+    for (int64_t H : {32, 64, 128}) {
+      c.dkv_impl = impl;
+      p.H = H;
+      const KernelSpec k = launch_of(Phase::DkvInterm, shape_with_config(p, &c, budget, "sm_90a"));
+      EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
+      EXPECT_EQ(has_define(k, "DKW_PRODUCER", 1), impl == 3);
+      EXPECT_EQ(define_of(k, "NUM_WARPS"), impl == 3 ? 12 : 8);
+      EXPECT_EQ(k.block.x, impl == 3 ? 384u : 256u);
+      EXPECT_EQ(k.grid.x, 4096u * (512u / SMLA_DKV_WGMMA_COLS));
+      EXPECT_EQ(k.smem_bytes, smla_dkv_wgmma_smem_bytes(int(H)) + (impl == 3 ? 64u : 0u));
+      EXPECT_LE(k.smem_bytes, 227u * 1024u);
+      specs.push_back(k);
+    }
+  EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
+}
+
 TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
@@ -288,10 +315,18 @@ TEST(NvrtcOffline, DkvWgmmaWhereItCannotRunIsAClearError) {
     t.dkv_block_r = r, t.dkv_block_d = d;
     expect_unsupported(p, t, "sm_90a", "dkv_impl = 2 (wgmma) has one tile, 64 x 256");
   }
-  for (int bad : {3, -1}) {
+  TileConfig c3;
+  c3.dkv_impl = 3;
+  ASSERT_TRUE(cuda_shape_supported(shape_with_config(p, &c3, budget, "sm_90a"), nullptr));
+  expect_unsupported(p, c3, "sm_80", "dkv_impl = 3 (wgmma) needs an sm_90a target");
+  expect_unsupported(h16, c3, "sm_90a", "dkv_impl = 3 (wgmma) needs H a multiple of 32");
+  c3.dkv_block_d = 128;
+  expect_unsupported(p, c3, "sm_90a", "dkv_impl = 3 (wgmma) has one tile, 64 x 256");
+  for (int bad : {4, -1}) {
     TileConfig t;
     t.dkv_impl = bad;
-    expect_unsupported(p, t, "sm_90a", "dkv_impl = " + std::to_string(bad) + " must be 0 (default), 1 (mma.sync) or 2");
+    expect_unsupported(p, t, "sm_90a",
+                       "dkv_impl = " + std::to_string(bad) + " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3");
   }
   // The mma.sync tile rules still apply to the mma.sync body.
   TileConfig m;

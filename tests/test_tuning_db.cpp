@@ -114,19 +114,19 @@ TEST(TuningDb, StoreThenLookupInAnotherInstance) {
 TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
-  for (int dkv : {0, 1, 2}) {
-    TuningEntry e = entry(64, 16);  // r_chunk 16 divides the three topk values used here
-    e.config.dq_impl = 3 - dkv;  // 3, 2, 1: every dq body
+  for (int dkv : {0, 1, 2, 3}) {
+    TuningEntry e = entry(64, 16);  // r_chunk 16 divides the four topk values used here
+    e.config.dq_impl = 3 - dkv;  // 3, 2, 1, 0: every dq body
     e.config.dkv_impl = dkv;
     TuningDb(path, "v1").store("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv), e);
   }
   auto doc = nlohmann::json::parse(read(path));
-  ASSERT_EQ(doc["entries"].size(), 3u);
+  ASSERT_EQ(doc["entries"].size(), 4u);
   for (auto& [key, v] : doc["entries"].items()) {
     ASSERT_TRUE(v["config"].contains("dkv_impl")) << key;
     ASSERT_TRUE(v["config"].contains("dq_impl")) << key;
   }
-  for (int dkv : {0, 1, 2}) {
+  for (int dkv : {0, 1, 2, 3}) {
     auto c = TuningDb(path, "v1").lookup("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv));
     ASSERT_TRUE(c) << dkv;
     EXPECT_EQ(c->dkv_impl, dkv);
@@ -148,7 +148,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   auto& entries = doc["entries"];
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dkv_impl");
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dq_impl");
-  entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 3;
+  entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 4;
   entries[tuning_key("sm_90a", type_p, "v1")]["config"]["dkv_impl"] = "2";
   entries[tuning_key("sm_90a", dq_range_p, "v1")] = entries[tuning_key("sm_90a", type_p, "v1")];
   entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dkv_impl"] = 2;
@@ -160,7 +160,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   EXPECT_EQ(old_c->dkv_impl, 0);
   EXPECT_EQ(old_c->dq_impl, 0);
   EXPECT_EQ(old_c->dq_block_h, 64);
-  EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 3 was accepted";
+  EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 4 was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", type_p)) << "dkv_impl = \"2\" was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", dq_range_p)) << "dq_impl = 4 was accepted";
   const auto w = db.warnings();

@@ -1,8 +1,8 @@
 // smla-bench: runs the backward through the public API on random inputs with the contract's
 // benchmark top-k; times it (device events on a GPU, median of repeats after warm-up) and, with
-// --check, compares dq, dkv and d_sink with the float64 reference. With several dq bodies
-// (--dq-impl 1,2) it plans each on the same tensors and times them in alternating rounds in this one
-// process, printing each one's time and its ratio to the first.
+// --check, compares dq, dkv and d_sink with the float64 reference. With several dq or dkv_interm bodies
+// (--dq-impl 2,3, --dkv-impl 2,3: every pair) it plans each on the same tensors and times them in alternating
+// rounds in this one process, printing each one's time and its ratio to the first.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,7 +30,8 @@ struct Options {
   int warmup = -1, repeat = -1;
   int gemm_n = 8192;
   uint64_t seed = 1;
-  std::vector<int> dq_impls{0};  // TileConfig::dq_impl of each plan to time (0: the planner's choice)
+  std::vector<int> dq_impls{0};   // TileConfig::dq_impl of each plan to time (0: the planner's choice)
+  std::vector<int> dkv_impls{0};  // TileConfig::dkv_impl likewise; the plans are every (dq, dkv) pair
   int rounds = 3;                // alternating rounds when several bodies are timed
 };
 
@@ -43,7 +44,10 @@ double median(std::vector<double> v) {
 
 // One plan (one dq body) of the problem and what was measured with it.
 struct Case {
-  int dq_impl = 0;
+  int dq_impl = 0, dkv_impl = 0;
+  std::string label() const {
+    return "dq_impl " + std::to_string(dq_impl) + (dkv_impl ? " dkv_impl " + std::to_string(dkv_impl) : "");
+  }
   std::shared_ptr<const smla::Plan> plan;
   double plan_ms = 0, plan2_ms = 0;
   smla::tools::Outputs out;  // of the first run, made right after the outputs were poisoned
@@ -158,14 +162,14 @@ void report_gemm(std::vector<Case>& cases, smla::tools::CaseRunner& cr, bool gpu
     }
     if (!o.json) {
       if (gemm) {
-        std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate (dq_impl %d)\n", "end to end", ms,
-                    tflops, 100.0 * tflops / gemm->tflops, c.dq_impl);
+        std::printf("%-12s %10.3f ms, %.1f TFLOP/s, %.1f%% of the dense GEMM rate (%s)\n", "end to end", ms,
+                    tflops, 100.0 * tflops / gemm->tflops, c.label().c_str());
         if (&c == &cases.back())
           std::printf("%-12s %10.3f ms, %.1f TFLOP/s (bf16 %dx%dx%d, fp32 accumulation, median of %d; %s)\n",
                       "dense GEMM", gemm->ms, gemm->tflops, gemm->n, gemm->n, gemm->n, gemm->repeats,
                       gemm->library.c_str());
       } else {
-        std::printf("%-12s %10.3f ms, %.3g TFLOP/s (dq_impl %d)\n", "end to end", ms, tflops, c.dq_impl);
+        std::printf("%-12s %10.3f ms, %.3g TFLOP/s (%s)\n", "end to end", ms, tflops, c.label().c_str());
         if (&c == &cases.back()) std::printf("dense GEMM rate: not measured (%s)\n", why.c_str());
       }
     }
@@ -193,17 +197,18 @@ int run(const Options& o) {
 
   // One plan per dq body asked for (a body that cannot run here fails with the planner's reason).
   std::vector<Case> cases;
-  for (int impl : o.dq_impls) {
-    Case c;
-    c.dq_impl = impl;
-    smla::TileConfig cfg;
-    cfg.dq_impl = impl;
-    // dq_impl 0 plans as a user would (the tuning database may answer); another asks for that body.
-    auto make = [&] { return impl ? rt.plan(p, cfg) : rt.plan(p); };
-    c.plan_ms = timed_ms(false, nullptr, [&] { c.plan = make(); });
-    c.plan2_ms = timed_ms(false, nullptr, [&] { make(); });  // served by the in-process cache
-    cases.push_back(std::move(c));
-  }
+  for (int impl : o.dq_impls)
+    for (int dkv : o.dkv_impls) {
+      Case c;
+      c.dq_impl = impl, c.dkv_impl = dkv;
+      smla::TileConfig cfg;
+      cfg.dq_impl = impl, cfg.dkv_impl = dkv;
+      // Both 0 plans as a user would (the tuning database may answer); otherwise it asks for those bodies.
+      auto make = [&] { return impl || dkv ? rt.plan(p, cfg) : rt.plan(p); };
+      c.plan_ms = timed_ms(false, nullptr, [&] { c.plan = make(); });
+      c.plan2_ms = timed_ms(false, nullptr, [&] { make(); });  // served by the in-process cache
+      cases.push_back(std::move(c));
+    }
 
   smla::ref::Inputs in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, o.seed,
                                                 o.uniform ? smla::ref::TopkKind::Uniform : smla::ref::TopkKind::Benchmark);
@@ -231,7 +236,7 @@ int run(const Options& o) {
   for (Case& c : cases) c.ms = median(c.j["round_ms"].get<std::vector<double>>());
   if (o.breakdown) {
     for (Case& c : cases) {
-      if (cases.size() > 1 && !o.json) std::printf("== dq_impl %d\n", c.dq_impl);
+      if (cases.size() > 1 && !o.json) std::printf("== %s\n", c.label().c_str());
       breakdown(c, cr, gpu, o, repeat);
     }
     report_gemm(cases, cr, gpu, o, flops(p));
@@ -250,7 +255,7 @@ int run(const Options& o) {
     j["T"] = p.T, j["H"] = p.H, j["num_kv"] = p.num_kv, j["topk"] = p.topk;
     j["r_chunk"] = info.r_chunk, j["n_chunks"] = info.n_chunks, j["sink"] = p.has_sink;
     j["config"] = info.config_source;
-    j["dq_impl"] = c.dq_impl;
+    j["dq_impl"] = c.dq_impl, j["dkv_impl"] = c.dkv_impl;
     j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat, j["rounds"] = rounds;
     j["plan_ms"] = c.plan_ms, j["plan2_ms"] = c.plan2_ms, j["compiled"] = info.compiled;
     j["loaded_from_disk"] = info.loaded_from_disk;
@@ -275,11 +280,11 @@ int run(const Options& o) {
     if (o.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s dq_impl %d: %.3f ms, %.3g TFLOP/s "
+      std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s %s: %.3f ms, %.3g TFLOP/s "
                   "(median of %d rounds of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan "
                   "%.2f ms)%s\n",
                   info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
-                  (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", c.dq_impl, ms, tflops,
+                  (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", c.label().c_str(), ms, tflops,
                   rounds, repeat, info.config_source.c_str(), c.plan_ms, info.compiled, info.loaded_from_disk,
                   c.plan2_ms,
                   cases.size() > 1 ? (" ratio to the first " + std::to_string(j["ratio_to_first"].get<double>())).c_str()
@@ -314,7 +319,12 @@ int main(int argc, char** argv) {
                  "first)")
       ->delimiter(',')
       ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));
-  app.add_option("--rounds", o.rounds, "alternating rounds when several dq bodies are timed (default 3)")
+  app.add_option("--dkv-impl", o.dkv_impls,
+                 "dkv_interm bodies likewise: 0 the planner's choice, 1 mma.sync, 2 wgmma, 3 wgmma with a producer "
+                 "warpgroup (with several --dq-impl: every pair)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, smla::TileConfig::kMaxDkvImpl));
+  app.add_option("--rounds", o.rounds, "alternating rounds when several plans are timed (default 3)")
       ->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });

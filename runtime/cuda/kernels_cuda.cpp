@@ -25,7 +25,7 @@ constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must
 struct Tiles {
   int dq_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup (the default on sm_90a)
   int dq_block_h, dq_block_r, dq_warps;
-  int dkv_impl;  // 1 mma.sync, 2 wgmma
+  int dkv_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup
   int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
 };
 
@@ -44,8 +44,11 @@ bool is_wgmma_dq(int dq_impl) { return dq_impl == 2 || dq_impl == 3; }
 
 // The dkv_interm wgmma body's only tile: 64 slot rows (wgmma's M) x 256 columns, two warpgroups;
 // its K = 2H must be a multiple of 64 (H % 32 == 0).
+// dkv_impl 3 (dkv_wgmma.cuh's DKW_PRODUCER) has the same tile and a third, producer warpgroup.
 constexpr int kDkvWgmmaBlockR = SMLA_DKV_WGMMA_ROWS, kDkvWgmmaBlockD = SMLA_DKV_WGMMA_COLS, kDkvWgmmaWarps = 8;
+constexpr int kDkvWgmmaProducerWarps = 12;
 constexpr int kDkvWgmmaHeads = 32;
+bool is_wgmma_dkv(int dkv_impl) { return dkv_impl == 2 || dkv_impl == 3; }
 
 Tiles tiles_of(const ShapeInfo& s) {
   Tiles t{};
@@ -64,9 +67,9 @@ Tiles tiles_of(const ShapeInfo& s) {
                               (s.dkv_block_r == 0 || s.dkv_block_r == kDkvWgmmaBlockR) &&
                               (s.dkv_block_d == 0 || s.dkv_block_d == kDkvWgmmaBlockD);
   t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? 2 : 1);
-  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : t.dkv_impl == 2 ? kDkvWgmmaBlockR : 64;
-  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : t.dkv_impl == 2 ? kDkvWgmmaBlockD : 256;
-  t.dkv_warps = t.dkv_impl == 2 ? kDkvWgmmaWarps : 8;
+  t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockR : 64;
+  t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockD : 256;
+  t.dkv_warps = t.dkv_impl == 3 ? kDkvWgmmaProducerWarps : t.dkv_impl == 2 ? kDkvWgmmaWarps : 8;
   t.dkv_warps_m = 2;  // mma.sync's warp grid; passed to the wgmma body too, which ignores it
   return t;
 }
@@ -83,7 +86,8 @@ unsigned dq_smem_of(const Tiles& t) {
 }
 
 unsigned dkv_smem_of(const Tiles& t, int H) {
-  return t.dkv_impl == 2 ? smla_dkv_wgmma_smem_bytes(H) : smla_dkv_smem_bytes(H, t.dkv_block_r, t.dkv_block_d);
+  return is_wgmma_dkv(t.dkv_impl) ? smla_dkv_wgmma_smem_bytes(H, t.dkv_impl == 3)
+                                  : smla_dkv_smem_bytes(H, t.dkv_block_r, t.dkv_block_d);
 }
 
 }  // namespace
@@ -115,13 +119,15 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
       << kMaxSmem << "); ";
   // dkv_interm
   if (t.dkv_impl < 1 || t.dkv_impl > TileConfig::kMaxDkvImpl)
-    e << "dkv_impl = " << t.dkv_impl << " must be 0 (default), 1 (mma.sync) or 2 (wgmma); ";
-  if (t.dkv_impl == 2) {
-    if (!s.sm90a) e << "dkv_impl = 2 (wgmma) needs an sm_90a target; ";
+    e << "dkv_impl = " << t.dkv_impl
+      << " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3 (wgmma, producer warpgroup); ";
+  if (is_wgmma_dkv(t.dkv_impl)) {
+    const std::string what = "dkv_impl = " + std::to_string(t.dkv_impl) + " (wgmma)";
+    if (!s.sm90a) e << what << " needs an sm_90a target; ";
     if (s.H % kDkvWgmmaHeads != 0)
-      e << "dkv_impl = 2 (wgmma) needs H a multiple of 32 (K = 2H a multiple of 64; H = " << s.H << "); ";
+      e << what << " needs H a multiple of 32 (K = 2H a multiple of 64; H = " << s.H << "); ";
     if (t.dkv_block_r != kDkvWgmmaBlockR || t.dkv_block_d != kDkvWgmmaBlockD)
-      e << "dkv_impl = 2 (wgmma) has one tile, " << kDkvWgmmaBlockR << " x " << kDkvWgmmaBlockD << " (asked "
+      e << what << " has one tile, " << kDkvWgmmaBlockR << " x " << kDkvWgmmaBlockD << " (asked "
         << t.dkv_block_r << "x" << t.dkv_block_d << "); ";
   }
   if (t.dkv_impl == 1) {
@@ -178,7 +184,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
                                                        {"BLOCK_D", t.dkv_block_d},
                                                        {"NUM_WARPS", t.dkv_warps},
                                                        {"WARPS_M", t.dkv_warps_m}};
-      if (t.dkv_impl == 2) d.emplace_back("DKV_WGMMA", 1);
+      if (is_wgmma_dkv(t.dkv_impl)) d.emplace_back("DKV_WGMMA", 1);
+      if (t.dkv_impl == 3) d.emplace_back("DKW_PRODUCER", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dkv_smem_of(t, s.H));  // checked against the source's carve (common.cuh)
       return {make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
                         grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
