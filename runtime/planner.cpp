@@ -64,11 +64,15 @@ int64_t default_r_chunk(int64_t T, int64_t topk, size_t interm_budget_bytes) {
   return best;
 }
 
-int radix_passes_for(int64_t num_kv, int bits) {
+int csr_key_bits(int64_t num_kv) {
   int need = 1;
   while ((int64_t(1) << need) <= num_kv) ++need;  // keys go up to num_kv (the empty-slot key)
-  return (need + bits - 1) / bits;
+  return need;
 }
+
+int radix_passes_for(int64_t num_kv, int bits) { return (csr_key_bits(num_kv) + bits - 1) / bits; }
+
+int radix_bits_for_passes(int64_t num_kv, int passes) { return (csr_key_bits(num_kv) + passes - 1) / passes; }
 
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   ShapeInfo s;
@@ -80,9 +84,12 @@ ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   s.check_indices = p.check_indices;
   s.r_chunk = int(p.r_chunk ? p.r_chunk : default_r_chunk(p.T, p.topk, interm_budget_bytes));
   s.n_chunks = s.topk / s.r_chunk;
-  s.radix_bits = 8;
-  s.radix_passes = radix_passes_for(p.num_kv, s.radix_bits);
-  s.csr_tile_items = 2048;
+  // As few passes as 8-bit digits need, each with the fewest digits that still cover the keys (13 bits at the
+  // seed's num_kv: 2 passes of 7 rather than 8 + 5), and 4096-item tiles: the single-block scan of each pass runs
+  // over digits x tiles counts (256 x 1024 at the seed before, 128 x 512 now).
+  s.radix_passes = radix_passes_for(p.num_kv, 8);
+  s.radix_bits = radix_bits_for_passes(p.num_kv, s.radix_passes);
+  s.csr_tile_items = 4096;
   const int64_t items = int64_t(s.T) * s.r_chunk;
   s.csr_tiles = int((items + s.csr_tile_items - 1) / s.csr_tile_items);
   return s;

@@ -17,8 +17,12 @@ void validate_problem(const Problem& p);
 /// (T x r_chunk x 512 bf16) within `interm_budget_bytes`; 16 at least.
 int64_t default_r_chunk(int64_t T, int64_t topk, size_t interm_budget_bytes);
 
-/// Number of radix passes of `bits` bits that cover keys 0..num_kv.
+/// Bits of the csr sort's keys: 0..num_kv (num_kv marks an empty slot).
+int csr_key_bits(int64_t num_kv);
+/// Radix passes of `bits` bits each that cover the keys.
 int radix_passes_for(int64_t num_kv, int bits);
+/// The fewest bits per pass with which `passes` passes cover the keys.
+int radix_bits_for_passes(int64_t num_kv, int passes);
 
 /// The planner's choices for a validated problem (chunking, csr geometry, tiles).
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes);

@@ -275,6 +275,16 @@ TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   k = dkv_of(shape_with_config(p, &tiles, budget, "sm_90a"));
   EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1);
   EXPECT_EQ(define_of(k, "BLOCK_D"), 128);
+  // H = 64 with chunks of 8 tiles or more: the producer body (measured faster there); shorter chunks: dkv_impl 2.
+  p.H = 64, p.topk = 640;
+  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  EXPECT_TRUE(has_define(k, "DKW_PRODUCER", 1));
+  EXPECT_EQ(k.block.x, 384u);
+  p.topk = 160;
+  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
+  EXPECT_FALSE(has_define(k, "DKW_PRODUCER", 1));
+  p.topk = 512;
   // H = 32 on sm_90a: K = 64, wgmma; H = 16: K = 32 is not a multiple of 64, so mma.sync.
   p.H = 32;
   EXPECT_TRUE(has_define(dkv_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DKV_WGMMA", 1));

@@ -84,6 +84,26 @@ TEST(Planner, RadixPassesCoverTheEmptyKey) {
   EXPECT_EQ(radix_passes_for(256, 8), 2);  // key 256 (empty slot) needs a 9th bit
   EXPECT_EQ(radix_passes_for(5120, 8), 2);
   EXPECT_EQ(radix_passes_for(70000, 8), 3);
+  EXPECT_EQ(csr_key_bits(5120), 13);
+  EXPECT_EQ(radix_bits_for_passes(5120, 2), 7);   // 2 x 7 >= 13 bits; 2 x 6 would not
+  EXPECT_EQ(radix_bits_for_passes(255, 1), 8);
+  EXPECT_EQ(radix_bits_for_passes(70000, 3), 6);  // 17 bits
+}
+
+// The planner's csr geometry: the fewest 8-bit passes, each with the fewest bits that still cover the keys, and
+// tiles of 4096 items; the tiles cover T x r_chunk.
+TEST(Planner, CsrDigitsAreAsNarrowAsThePassesAllow) {
+  for (int64_t num_kv : {200, 256, 5120, 9216, 70000}) {
+    Problem p = seed_problem();
+    p.num_kv = num_kv;
+    const ShapeInfo s = choose_shape(p, size_t(4) << 30);
+    EXPECT_EQ(s.radix_passes, radix_passes_for(num_kv, 8)) << num_kv;
+    EXPECT_GE(s.radix_passes * s.radix_bits, csr_key_bits(num_kv)) << num_kv;
+    EXPECT_LT((s.radix_passes) * (s.radix_bits - 1), csr_key_bits(num_kv)) << num_kv;
+    EXPECT_LE(s.radix_bits, 8);
+    EXPECT_EQ(s.csr_tile_items, 4096);
+    EXPECT_EQ(int64_t(s.csr_tiles), (s.T * int64_t(s.r_chunk) + 4095) / 4096);
+  }
 }
 
 TEST(Planner, StepOrderFollowsThePipeline) {
