@@ -201,10 +201,9 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
 #include "sm90_sync.cuh"
 
 // dkv_impl 3: the same product with a producer warpgroup and one 64 x 256 tile per consumer warpgroup.
-//   warpgroup 2 (producer, setmaxnreg 56): B, then every A tile of the chunk into slot tile % 3 (cp.async, zero rows
-//            past the chunk), one commit group behind: after issuing tile j it waits for tile j - 1, fences it for
-//            the async proxy and arrives on full[(j - 1) % 3]; tile j >= 3 first waits for empty[j % 3] (tile j - 3's
-//            MMA is done)
+//   warpgroup 2 (producer, setmaxnreg 56): B and tiles 0-2 at once, then tile j >= 3 into slot j % 3 once
+//            empty[j % 3] says tile j - 3's MMA is done with it (cp.async, zero rows past the chunk); every tile
+//            fenced for the async proxy and announced on full[slot] as it lands
 //   warpgroups 0-1 (consumers, setmaxnreg 224): warpgroup w takes tiles w, w + 2, ...: D (64 x 256, fp32, 128
 //            registers) = A_tile B with m64n256k16 (A read once per k-step instead of once per warpgroup: the N 128
 //            form of dkv_impl 2 asks shared memory for 2 x 6 KB per two 64-cycle steps, more than its 128 B a
@@ -259,25 +258,50 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
   if (threadIdx.x >= 256) {  // ---- producer
     smla_setmaxnreg_dec<DKW_REGS_PRODUCER>();
     const int tp = threadIdx.x - 256;
+    // B and tiles 0-2 (the three free slots) at once, one commit group each (empty past the chunk's tiles), then
+    // each announced as it lands; the fence makes this thread's copies and zero rows visible to wgmma.
     dkw_load_b(p, sB, t, d0, tp, 128);
     smla_cp_async_commit();
-    dkw_load_a(p, sA, t, 0, tp, 128);  // n_tiles >= 1 (r_chunk >= 1)
-    smla_cp_async_commit();
-    smla_cp_async_wait<1>();
-    smla_fence_proxy_async();  // this thread's B pieces, for wgmma
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if (j < n_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j, tp, 128);
+      smla_cp_async_commit();
+    }
+    smla_cp_async_wait<3>();
+    smla_fence_proxy_async();
     smla_mbar_arrive(bfull);
-    for (int j = 1; j < n_tiles; ++j) {
+    smla_cp_async_wait<2>();
+    smla_fence_proxy_async();
+    smla_mbar_arrive(full0);  // n_tiles >= 1 (r_chunk >= 1)
+    if (n_tiles > 1) {
+      smla_cp_async_wait<1>();
+      smla_fence_proxy_async();
+      smla_mbar_arrive(full0 + 8);
+    }
+    if (n_tiles > 2) {
+      smla_cp_async_wait<0>();
+      smla_fence_proxy_async();
+      smla_mbar_arrive(full0 + 16);
+    }
+    // Then tile j (>= 3) into slot j % 3 once tile j - 3's MMA is done with it. One commit group behind: after
+    // issuing tile j it waits for tile j - 1 (issued earlier; the consumer that needs it next is still busy with
+    // tile j - 3's stores) and announces that one.
+    for (int j = 3; j < n_tiles; ++j) {
       const int s = j % 3;
-      if (j >= 3) smla_mbar_wait(empty0 + 8 * s, (j / 3 - 1) & 1);  // tile j - 3's MMA is done with the slot
+      smla_mbar_wait(empty0 + 8 * s, (j / 3 - 1) & 1);
       dkw_load_a(p, sA + s * DKW_ASLOT, t, j, tp, 128);
       smla_cp_async_commit();
-      smla_cp_async_wait<1>();   // tile j - 1 has landed (this thread's pieces)
-      smla_fence_proxy_async();  // its copies and zero rows, for wgmma
-      smla_mbar_arrive(full0 + 8 * ((j - 1) % 3));
+      if (j > 3) {
+        smla_cp_async_wait<1>();
+        smla_fence_proxy_async();
+        smla_mbar_arrive(full0 + 8 * ((j - 1) % 3));
+      }
     }
-    smla_cp_async_wait<0>();
-    smla_fence_proxy_async();
-    smla_mbar_arrive(full0 + 8 * ((n_tiles - 1) % 3));
+    if (n_tiles > 3) {
+      smla_cp_async_wait<0>();
+      smla_fence_proxy_async();
+      smla_mbar_arrive(full0 + 8 * ((n_tiles - 1) % 3));
+    }
     return;
   }
 
