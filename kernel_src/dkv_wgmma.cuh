@@ -121,13 +121,18 @@ __device__ __forceinline__ void dkw_mma(float (&acc)[64], unsigned aa, unsigned 
   smla_wgmma_commit();
 }
 
+// Both bodies' shared memory: B at the first 1024-byte boundary (the host asks for 1 KB of slack), then the three
+// A slots (then dkv_impl 3's mbarriers).
+__device__ __forceinline__ void dkw_carve(uint4* smem, char*& sB, char*& sA) {
+  sB = smla_align1024(reinterpret_cast<char*>(smem));
+  sA = sB + DKW_BBYTES;
+}
+
 #if !DKW_PRODUCER
 extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
-  char* base = reinterpret_cast<char*>(smem_u4);
-  base = smla_align1024(base);  // the host asks for 1 KB of slack
-  char* sB = base;
-  char* sA = sB + DKW_BBYTES;  // three slots
+  char *sB, *sA;
+  dkw_carve(smem_u4, sB, sA);
 
   // The two column blocks of a token are neighbours in launch order: the second reads the token's
   // [ds | pm] rows from L2.
@@ -237,10 +242,8 @@ __device__ __forceinline__ void dkw_store_direct(const SmlaParams& p, const floa
 
 extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
-  char* base = reinterpret_cast<char*>(smem_u4);
-  base = smla_align1024(base);  // the host asks for 1 KB of slack
-  char* sB = base;
-  char* sA = sB + DKW_BBYTES;  // three slots
+  char *sB, *sA;
+  dkw_carve(smem_u4, sB, sA);
   const unsigned bfull = smla_smem_addr(sA + 3 * DKW_ASLOT), full0 = bfull + 8, empty0 = full0 + 24;
 
   const int t = blockIdx.x / (SMLA_D / 256);
