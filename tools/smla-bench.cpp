@@ -42,7 +42,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// One plan (one dq body) of the problem and what was measured with it.
+// One plan (one pair of dq and dkv_interm bodies) of the problem and what was measured with it.
 struct Case {
   int dq_impl = 0, dkv_impl = 0;
   std::string label() const {
@@ -195,7 +195,8 @@ int run(const Options& o) {
   p.has_sink = !o.no_sink;
   p.r_chunk = o.r_chunk;
 
-  // One plan per dq body asked for (a body that cannot run here fails with the planner's reason).
+  // One plan per (dq body, dkv_interm body) pair asked for (a body that cannot run here fails with the planner's
+  // reason).
   std::vector<Case> cases;
   for (int impl : o.dq_impls)
     for (int dkv : o.dkv_impls) {

@@ -67,8 +67,8 @@ Tiles tiles_of(const ShapeInfo& s) {
                               (s.dkv_block_r == 0 || s.dkv_block_r == kDkvWgmmaBlockR) &&
                               (s.dkv_block_d == 0 || s.dkv_block_d == kDkvWgmmaBlockD);
   // Of the two wgmma bodies, dkv_impl 3 (a producer warpgroup, a 64 x 256 tile per consumer) where it measured faster:
-  // H 64 with chunks of 8 tiles or more (4096,64,5120,640: dkv_interm 1.29 -> 1.17-1.19 ms, end to end 0.964-0.967
-  // in two calls). At H 128 it was even or slower (seed 0.99-1.00, T 8192 1.00, TOPK 1152 0.99 of dkv_impl 2's
+  // H 64 with chunks of 8 tiles or more (4096,64,5120,640: dkv_interm 1.28-1.29 -> 1.17-1.19 ms, end to end 0.964-0.968
+  // in three calls). At H 128 it was even or slower (seed 0.99-1.00, T 8192 1.00, TOPK 1152 0.99 of dkv_impl 2's
   // dkv_interm time; TOPK 160, three tiles a chunk: 1.14-1.25), so dkv_impl 2 stays there (docs/perf-notes.md v10).
   const bool dkv_producer = s.H == 64 && s.r_chunk >= 8 * kDkvWgmmaBlockR;
   t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
