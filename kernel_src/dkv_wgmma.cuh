@@ -215,6 +215,9 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
 //            cycle), then arrives on empty[slot] and stores D from its registers (8-byte pieces, two lanes of a
 //            quad swapping one word, so that a warp writes whole 32-byte sectors): no staging, no block barrier;
 //            one warpgroup's stores overlap the other's MMA.
+// Measured (docs/perf-notes.md v10): 9% faster than dkv_impl 2 at H 64 with 10 tiles a chunk (the planner's choice
+// there); even at H 128, where dkv_interm is bound by its memory traffic rather than its MMA rate, and slower with
+// 3 tiles a chunk (the 2 : 1 split of tiles between the consumers).
 #define DKW_BLOCK_THREADS (NUM_WARPS * 32)
 #define DKW_REGS_CONSUMER 224
 #define DKW_REGS_PRODUCER 56
