@@ -180,6 +180,15 @@ __device__ __forceinline__ float smla_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += SMLA_SHFL_XOR(v, o);
   return v;
 }
+// smla_warp_sum of N values at once, their butterflies interleaved (N independent chains; the same order of
+// additions as smla_warp_sum for each).
+template <int N>
+__device__ __forceinline__ void smla_warp_sums(float (&v)[N]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] += SMLA_SHFL_XOR(v[j], o);
+}
 __device__ __forceinline__ double smla_warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += SMLA_SHFL_XOR(v, o);

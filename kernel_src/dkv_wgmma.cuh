@@ -265,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
     smla_setmaxnreg_dec<DKW_REGS_PRODUCER>();
     const int tp = threadIdx.x - 256;
     // B and tiles 0-2 (the three free slots) at once, one commit group each (empty past the chunk's tiles), then
-    // each announced as it lands; the fence makes this thread's copies and zero rows visible to wgmma.
+    // each announced as it lands (smla_cp_async_announce: wait, proxy fence, arrive).
     dkw_load_b(p, sB, t, d0, tp, 128);
     smla_cp_async_commit();
 #pragma unroll
@@ -273,22 +273,10 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
       if (j < n_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j, tp, 128);
       smla_cp_async_commit();
     }
-    smla_cp_async_wait<3>();
-    smla_fence_proxy_async();
-    smla_mbar_arrive(bfull);
-    smla_cp_async_wait<2>();
-    smla_fence_proxy_async();
-    smla_mbar_arrive(full0);  // n_tiles >= 1 (r_chunk >= 1)
-    if (n_tiles > 1) {
-      smla_cp_async_wait<1>();
-      smla_fence_proxy_async();
-      smla_mbar_arrive(full0 + 8);
-    }
-    if (n_tiles > 2) {
-      smla_cp_async_wait<0>();
-      smla_fence_proxy_async();
-      smla_mbar_arrive(full0 + 16);
-    }
+    smla_cp_async_announce<3>(bfull);
+    smla_cp_async_announce<2>(full0);  // n_tiles >= 1 (r_chunk >= 1)
+    if (n_tiles > 1) smla_cp_async_announce<1>(full0 + 8);
+    if (n_tiles > 2) smla_cp_async_announce<0>(full0 + 16);
     // Then tile j (>= 3) into slot j % 3 once tile j - 3's MMA is done with it. One commit group behind: after
     // issuing tile j it waits for tile j - 1 (issued earlier; the consumer that needs it next is still busy with
     // tile j - 3's stores) and announces that one.
@@ -297,17 +285,9 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
       smla_mbar_wait(empty0 + 8 * s, (j / 3 - 1) & 1);
       dkw_load_a(p, sA + s * DKW_ASLOT, t, j, tp, 128);
       smla_cp_async_commit();
-      if (j > 3) {
-        smla_cp_async_wait<1>();
-        smla_fence_proxy_async();
-        smla_mbar_arrive(full0 + 8 * ((j - 1) % 3));
-      }
+      if (j > 3) smla_cp_async_announce<1>(full0 + 8 * ((j - 1) % 3));
     }
-    if (n_tiles > 3) {
-      smla_cp_async_wait<0>();
-      smla_fence_proxy_async();
-      smla_mbar_arrive(full0 + 8 * ((n_tiles - 1) % 3));
-    }
+    if (n_tiles > 3) smla_cp_async_announce<0>(full0 + 8 * ((n_tiles - 1) % 3));
     return;
   }
 

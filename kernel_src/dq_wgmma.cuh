@@ -171,9 +171,7 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
     smla_cp_async_commit();
     // The next tile's indices while these rows are in flight.
     if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
-    smla_cp_async_wait<0>();
-    smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
-    smla_mbar_arrive(full0 + 8 * buf);
+    smla_cp_async_announce<0>(full0 + 8 * buf);  // this thread's copies and zero rows, for wgmma
   }
 }
 #endif  // DQW_PRODUCER
@@ -299,10 +297,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       }
       sums[j] = sum;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int j = 0; j < DQW_DELTA_HEADS; ++j) sums[j] += SMLA_SHFL_XOR(sums[j], o);
+    smla_warp_sums(sums);
     const int jl = threadIdx.x % 32;
     if (jl < DQW_DELTA_HEADS) {
       float sum = sums[0];

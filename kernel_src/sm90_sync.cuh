@@ -26,6 +26,15 @@ __device__ __forceinline__ void smla_mbar_wait(unsigned bar, unsigned parity) {
         : "memory");
   } while (!done);
 }
+// A producer thread's hand-over of its copies: wait until at most N of its cp.async groups are pending, make its
+// copies and shared-memory stores visible to the async proxy (wgmma reads through it), then arrive on `bar`.
+// Needs common.cuh (cp.async) and wgmma.cuh (the proxy fence) included first.
+template <int N>
+__device__ __forceinline__ void smla_cp_async_announce(unsigned bar) {
+  smla_cp_async_wait<N>();
+  smla_fence_proxy_async();
+  smla_mbar_arrive(bar);
+}
 // Named barrier ID (1..15; 0 is __syncthreads') among THREADS threads.
 template <int ID, int THREADS>
 __device__ __forceinline__ void smla_named_sync() {
