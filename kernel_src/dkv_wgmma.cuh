@@ -219,9 +219,13 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
 // there); even at H 128, where dkv_interm is bound by its memory traffic rather than its MMA rate, and slower with
 // 3 tiles a chunk (the 2 : 1 split of tiles between the consumers).
 #define DKW_BLOCK_THREADS (NUM_WARPS * 32)
+#ifndef DKW_REGS_CONSUMER  // (overridable only so that a test can show the check below refusing a split)
 #define DKW_REGS_CONSUMER 224
+#endif
+#ifndef DKW_REGS_PRODUCER
 #define DKW_REGS_PRODUCER 56
-static_assert(2 * 128 * DKW_REGS_CONSUMER + 128 * DKW_REGS_PRODUCER <= 65536, "setmaxnreg: more than the SM's registers");
+#endif
+static_assert(smla_setmaxnreg_fits(2, DKW_REGS_CONSUMER, DKW_REGS_PRODUCER), "setmaxnreg: more than the block's registers");
 
 // D of one tile (64 rows x 256 columns, this warpgroup's fragments) -> bf16 -> interm rows tile * 64 + .., columns
 // d0 + ..; d[4 i + 2 half + e] is row 16 warp + lane / 4 + 8 half, column 8 i + 2 (lane % 4) + e.

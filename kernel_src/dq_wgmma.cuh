@@ -139,9 +139,13 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[
 #if DQW_PRODUCER
 // The consumers' barrier (named barrier 1, the 256 computing threads).
 __device__ __forceinline__ void dqw_sync() { smla_named_sync<1, DQW_THREADS>(); }
+#ifndef DQW_REGS_CONSUMER  // (overridable only so that a test can show the check below refusing a split)
 #define DQW_REGS_CONSUMER 224
+#endif
+#ifndef DQW_REGS_PRODUCER
 #define DQW_REGS_PRODUCER 56
-static_assert(2 * 128 * DQW_REGS_CONSUMER + 128 * DQW_REGS_PRODUCER <= 65536, "setmaxnreg: more than the SM's registers");
+#endif
+static_assert(smla_setmaxnreg_fits(2, DQW_REGS_CONSUMER, DQW_REGS_PRODUCER), "setmaxnreg: more than the block's registers");
 #define DQW_PROD_ROWS (BLOCK_R / 2)  // kv rows a producer thread copies a piece of: rows 16 (tp / 64) + j
 
 // Producer thread tp's indices of tile `tile`: rows 16 (tp / 64) + j; -1 past the chunk or the top-k.

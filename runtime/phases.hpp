@@ -56,7 +56,15 @@ struct KernelSpec {
   Dim3 grid, block;
   unsigned smem_bytes = 0;  // dynamic shared memory
   int pass = 0;             // copied into SmlaParams::pass (radix-sort passes of csr)
+  /// Registers a thread the compiled kernel must have been given (0: any). Set for the bodies that move registers
+  /// between warpgroups with setmaxnreg: their split is sized for this allocation, and under a smaller one the
+  /// consumers' increase never completes (the block hangs), so the backend refuses such a binary at load.
+  int launch_regs = 0;
 };
+
+/// The registers a thread gets under __launch_bounds__(threads, 1) when ptxas allocates the most it may (what it does
+/// for a kernel with setmaxnreg): the register file (65536) over the threads, down to the allocation unit of 8.
+constexpr int max_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
 
 // ---- helpers for the backend families' spec tables (runtime/cuda, runtime/hip)
 

@@ -71,6 +71,16 @@ int compile_all(const std::string& target, const std::vector<KernelSpec>& specs)
         else if (r.log.find("C7514") != std::string::npos || r.log.find("C7515") != std::string::npos ||
                  r.log.find("C7518") != std::string::npos)
           bad = "wgmma serialized";
+        else if (specs[i].launch_regs > 0) {
+          // The setmaxnreg bodies: ptxas must have given them the registers their split is sized for (the backend
+          // refuses any other count at load, since the block would hang).
+          std::smatch m;
+          if (!std::regex_search(r.log, m, std::regex("Used ([0-9]+) registers")))
+            bad = "no register count in ptxas's report";
+          else if (std::stoi(m[1]) != specs[i].launch_regs)
+            bad = "ptxas gave " + m[1].str() + " registers, the setmaxnreg split needs " +
+                  std::to_string(specs[i].launch_regs);
+        }
         ++wgmma_checked;
         if (!bad.empty()) {
           std::string name = specs[i].stem;
@@ -191,6 +201,7 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
       EXPECT_EQ(k.block.x, impl == 3 ? 384u : 256u);
       EXPECT_EQ(k.grid.y, unsigned(H / 64));
       EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
+      EXPECT_EQ(k.launch_regs, impl == 3 ? 168 : 0);  // 65536 / 384, down to a multiple of 8: setmaxnreg's pool
       EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
       specs.push_back(k);
     }
@@ -231,6 +242,7 @@ TEST(NvrtcOffline, BothWgmmaDkvBodiesArePlannableAndCompile) {
       EXPECT_EQ(k.grid.x, 4096u * (512u / SMLA_DKV_WGMMA_COLS));
       EXPECT_EQ(k.smem_bytes, smla_dkv_wgmma_smem_bytes(int(H)) + (impl == 3 ? 64u : 0u));
       EXPECT_LE(k.smem_bytes, 227u * 1024u);
+      EXPECT_EQ(k.launch_regs, impl == 3 ? 168 : 0);
       specs.push_back(k);
     }
   EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
@@ -435,6 +447,36 @@ TEST(NvrtcOffline, EverySourceCompilesAloneWithItsDefaultConstants) {
       EXPECT_GT(r.binary.size(), 4u) << k.stem;
     } catch (const std::exception& e) {
       ADD_FAILURE() << k.stem << ".cu does not compile alone: " << e.what();
+    }
+  }
+}
+
+// setmaxnreg moves registers inside the block's launch allocation: a split it cannot cover hangs on the GPU (a dq
+// candidate at 232 / 48 did, eleventh session), so both producer bodies refuse one at compile time. 232 / 40 fits
+// (2 x 232 + 40 = 3 x 168), so does 240 / 24; 232 / 48 and 240 / 32 do not.
+TEST(NvrtcOffline, ProducerBodiesRefuseARegisterSplitTheirLaunchCannotCover) {
+  Problem p;
+  p.T = 256, p.H = 128, p.num_kv = 1024, p.topk = 512, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  TileConfig c;
+  c.dq_impl = 3, c.dkv_impl = 3;
+  const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
+  cuda::NvrtcCompiler nvrtc;
+  ASSERT_TRUE(nvrtc.available(nullptr));
+  KernelSources sources;
+  for (const auto& [phase, pre] : {std::pair<Phase, std::string>{Phase::Dq, "DQW"}, {Phase::DkvInterm, "DKW"}}) {
+    for (const auto& [consumer, producer] : {std::pair<int, int>{232, 48}, {240, 32}}) {
+      KernelSpec k = launch_of(phase, s);
+      k.defines.emplace_back(pre + "_REGS_CONSUMER", consumer);
+      k.defines.emplace_back(pre + "_REGS_PRODUCER", producer);
+      try {
+        nvrtc.compile(sources.render(k, "cuda"), "sm_90a");
+        ADD_FAILURE() << k.stem << " compiled with setmaxnreg " << consumer << " / " << producer;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::CompileError);
+        EXPECT_NE(std::string(e.what()).find("setmaxnreg: more than the block's registers"), std::string::npos)
+            << k.stem << ": " << e.what();
+      }
     }
   }
 }

@@ -112,6 +112,14 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
   if (threads > static_cast<unsigned>(max_threads))
     SMLA_THROW(Status::Internal, spec.entry + " is launched with " + std::to_string(threads) +
                                      " threads a block; the compiled kernel allows " + std::to_string(max_threads));
+  if (spec.launch_regs > 0) {
+    int regs = 0;
+    SMLA_CU(driver().FuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k->fn));
+    if (regs != spec.launch_regs)
+      SMLA_THROW(Status::Internal, spec.entry + " was given " + std::to_string(regs) +
+                                       " registers a thread; its setmaxnreg split between warpgroups is sized for " +
+                                       std::to_string(spec.launch_regs) + " (under any other count it would hang)");
+  }
   if (spec.smem_bytes > 48 * 1024) {
     const size_t limit = max_shared_memory(device);
     if (spec.smem_bytes > limit)

@@ -180,8 +180,10 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
       if (t.dq_impl == 3) d.emplace_back("DQW_PRODUCER", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
-      return {make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
-                        dq_smem_of(t))};
+      KernelSpec k = make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
+                               dq_smem_of(t));
+      if (t.dq_impl == 3) k.launch_regs = max_launch_regs(t.dq_warps * 32);  // setmaxnreg (dq_wgmma.cuh)
+      return {k};
     }
     case Phase::DkvInterm: {
       std::vector<std::pair<std::string, long long>> d{{"HEADS", s.H},
@@ -192,9 +194,11 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       if (is_wgmma_dkv(t.dkv_impl)) d.emplace_back("DKV_WGMMA", 1);
       if (t.dkv_impl == 3) d.emplace_back("DKW_PRODUCER", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dkv_smem_of(t, s.H));  // checked against the source's carve (common.cuh)
-      return {make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
-                        grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
-                        dkv_smem_of(t, s.H))};
+      KernelSpec k = make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
+                               grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
+                               dkv_smem_of(t, s.H));
+      if (t.dkv_impl == 3) k.launch_regs = max_launch_regs(t.dkv_warps * 32);  // setmaxnreg (dkv_wgmma.cuh)
+      return {k};
     }
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
