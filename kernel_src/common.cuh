@@ -121,6 +121,10 @@ __device__ __forceinline__ void smla_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Bring the 128-byte line at `gmem` into L2 (no register, no wait).
+__device__ __forceinline__ void smla_prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(gmem));
+}
 __device__ __forceinline__ void smla_st_shared_zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
 }

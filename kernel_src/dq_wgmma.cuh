@@ -38,11 +38,28 @@
 //   first exchange may start before every consumer has read them: no block barrier at the top of a tile).
 // Why: the consumers issue the copies between their wgmma in the two-warpgroup body; knocked out, dq ran
 // 2.70 -> 2.33 ms at the seed (perf notes v7), which bounds what this body can gain.
+//
+// With DQW_PERSIST 1 as well (dq_impl 4; the host launches at most one CTA an SM, KernelSpec::persistent) each CTA
+// takes the blocks blockIdx.x, + gridDim.x, ... (block = token t, heads h0; t fastest) in turn:
+//   producer: per block, waits on qfree until the consumers are done with the last block's Q and dO (they arrive
+//            after their last tile's S/dP wgmma: nothing reads Q or dO after it), copies this block's Q and dO and
+//            prefetches its O rows into L2, then its kv tiles as above; Q and dO are announced on qfull with tile 0.
+//            Its tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2)
+//   consumers: per block, named barrier 1 (sP, which holds delta, is free), wait qfull, the fused delta with O in
+//            two rounds of four heads (32 registers), the tiles, the epilogue
+// So the next block's Q/dO copies run during this block's last element stage, dQ MMA, P/dS stores and epilogue.
+// setmaxnreg 208 / 88: the split with no local memory for this body (224 / 56 spilled the producer's block loop).
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
 #ifndef DQW_PRODUCER
 #define DQW_PRODUCER 0
+#endif
+#ifndef DQW_PERSIST
+#define DQW_PERSIST 0  // 1 (dq_impl 4): the producer body, persistent (see below)
+#endif
+#if DQW_PERSIST && !DQW_PRODUCER
+#error "the persistent dq body is the producer body's (DQW_PRODUCER 1)"
 #endif
 
 #if BLOCK_H != 64
@@ -79,6 +96,25 @@ SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"
 #endif
+
+// This lane's share of rowsum(O * dO) for head hh of the block: its 16 columns of O (two 16-byte pieces, `o`, from
+// global memory) against dO's in shared memory (swizzled, `sdo`).
+__device__ __forceinline__ float dqw_delta_dot(const uint4 (&o)[2], const char* sdo, int hh) {
+  float sum = 0.f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int c = half * 32 + threadIdx.x % 32;  // 16-byte piece of the row
+    const uint4 gv = *reinterpret_cast<const uint4*>(sdo + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8));
+    const unsigned ow[4] = {o[half].x, o[half].y, o[half].z, o[half].w};
+    const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sum = fmaf(smla_lo_f(ow[e]), smla_lo_f(gw[e]), sum);
+      sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
+    }
+  }
+  return sum;
+}
 
 // Slot of a tile's row in `sidx`: the 8 rows r0 + 4 j (j = 0..7) that thread r0 * 64 + c copies are 8 consecutive
 // ints, read with two 16-byte loads.
@@ -140,10 +176,10 @@ __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[
 // The consumers' barrier (named barrier 1, the 256 computing threads).
 __device__ __forceinline__ void dqw_sync() { smla_named_sync<1, DQW_THREADS>(); }
 #ifndef DQW_REGS_CONSUMER  // (overridable only so that a test can show the check below refusing a split)
-#define DQW_REGS_CONSUMER 224
+#define DQW_REGS_CONSUMER (DQW_PERSIST ? 208 : 224)  // persistent: 208 / 88, the split with no local memory
 #endif
 #ifndef DQW_REGS_PRODUCER
-#define DQW_REGS_PRODUCER 56
+#define DQW_REGS_PRODUCER (DQW_PERSIST ? 88 : 56)
 #endif
 static_assert(smla_setmaxnreg_fits(2, DQW_REGS_CONSUMER, DQW_REGS_PRODUCER), "setmaxnreg: more than the block's registers");
 #define DQW_PROD_ROWS (BLOCK_R / 2)  // kv rows a producer thread copies a piece of: rows 16 (tp / 64) + j
@@ -178,6 +214,49 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
     smla_cp_async_announce<0>(full0 + 8 * buf);  // this thread's copies and zero rows, for wgmma
   }
 }
+
+#if DQW_PERSIST
+// The persistent producer: the blocks blockIdx.x, + gridDim.x, ... in turn. Per block it waits until the consumers
+// are done reading the previous block's Q and dO (qfree: they arrive after their last S/dP wgmma), copies this
+// block's Q and dO rows (one commit group), then its kv tiles as dqw_producer does; Q and dO are announced on qfull
+// once their group has landed (with tile 0). g counts tiles over the blocks: buffer g % 2, phases g / 2.
+__device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, int n_tiles, char* sQ, char* sDO,
+                                                     unsigned akv0, int* sFlag, unsigned full0, unsigned empty0,
+                                                     unsigned qfull, unsigned qfree) {
+  const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
+  const int n_blocks = p.T * (HEADS / 64);
+  int g = 0;
+  for (int blk = blockIdx.x, it = 0; blk < n_blocks; blk += gridDim.x, ++it) {
+    const int t = blk % p.T, h0 = (blk / p.T) * 64;
+    const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+    if (it > 0) smla_mbar_wait(qfree, (it - 1) & 1);
+#pragma unroll 4
+    for (int i = tp; i < 64 * 64; i += 128) {
+      const int hh = i / 64, cc = i % 64;
+      const unsigned off = (cc >> 3) * (64 * 128) + smla_swz128(hh, (cc & 7) * 8);
+      smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + cc * 8);
+      smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + cc * 8);
+    }
+    smla_cp_async_commit();
+    if (p.chunk == 0)  // the fused delta's O rows into L2 (the consumers read them after Q and dO land)
+      for (int l = tp; l < 64 * 8; l += 128) smla_prefetch_l2(p.o + t * p.o_st + (h0 + l / 8) * p.o_sh + (l % 8) * 64);
+    int k[DQW_PROD_ROWS];
+    dqw_prod_idx(p, topk_row, 0, k);
+    for (int tile = 0; tile < n_tiles; ++tile, ++g) {
+      const int buf = g & 1;
+      if (g >= 2) smla_mbar_wait(empty0 + 8 * buf, ((g >> 1) - 1) & 1);
+      const unsigned skv = akv0 + buf * DQW_KVBYTES;
+      int* flag = sFlag + buf * BLOCK_R;
+#pragma unroll
+      for (int j = 0; j < DQW_PROD_ROWS; ++j) dqw_copy_piece(p, k[j], skv, flag, rbase + j, c, j & 7);
+      smla_cp_async_commit();
+      if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
+      if (tile == 0) smla_cp_async_announce<1>(qfull);  // Q and dO (the group before this tile's)
+      smla_cp_async_announce<0>(full0 + 8 * buf);
+    }
+  }
+}
+#endif  // DQW_PERSIST
 #endif  // DQW_PRODUCER
 
 extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaParams p) {
@@ -194,28 +273,44 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
   int* sIdx = sFlag + 2 * BLOCK_R;
 
+#if !DQW_PERSIST
   const int t = blockIdx.x;
   const int h0 = blockIdx.y * 64;
+#endif
   const int wg = threadIdx.x / 128, tw = threadIdx.x % 128;
   const int warp = tw / 32, lane = tw % 32;
   const int r_chunk = p.r_chunk;
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
+#if !DQW_PERSIST
   const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+#endif
 
 #if DQW_PRODUCER
   // sIdx holds full[2] (count: the 128 producer threads) and empty[2] (count: the 256 consumers).
-  static_assert(2 * BLOCK_R * 4 >= 4 * 8, "dq producer: four mbarriers in sIdx");
+  // The persistent body adds qfull (count 128) and qfree (count 256): Q and dO landed, and done with.
+  static_assert(2 * BLOCK_R * 4 >= 6 * 8, "dq producer: six mbarriers in sIdx");
   const unsigned full0 = smla_smem_addr(sIdx), empty0 = full0 + 16;
+#if DQW_PERSIST
+  const unsigned qfull = full0 + 32, qfree = full0 + 40;
+#endif
   if (threadIdx.x == 0) {
     smla_mbar_init(full0, 128);
     smla_mbar_init(full0 + 8, 128);
     smla_mbar_init(empty0, DQW_THREADS);
     smla_mbar_init(empty0 + 8, DQW_THREADS);
+#if DQW_PERSIST
+    smla_mbar_init(qfull, 128);
+    smla_mbar_init(qfree, DQW_THREADS);
+#endif
   }
   __syncthreads();  // the last block-wide barrier: from here on the consumers use dqw_sync()
   if (threadIdx.x >= DQW_THREADS) {
     smla_setmaxnreg_dec<DQW_REGS_PRODUCER>();
+#if DQW_PERSIST
+    dqw_producer_persist(p, n_tiles, sQ, sDO, smla_smem_addr(sKV), sFlag, full0, empty0, qfull, qfree);
+#else
     dqw_producer(p, topk_row, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
+#endif
     return;
   }
   smla_setmaxnreg_inc<DQW_REGS_CONSUMER>();
@@ -224,255 +319,282 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #define DQW_SYNC() __syncthreads()
 #endif
 
-  // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
-  for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
-    const int hh = i / 64, c = i % 64;
-    const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
-    smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
-    smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
-  }
-#if !DQW_PRODUCER
-  // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
-  for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
-#endif
-  smla_cp_async_commit();
-  // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO.
-  const bool fuse_delta = p.chunk == 0;
-  uint4 ov[DQW_DELTA_HEADS][2];
-  if (fuse_delta) {
-#pragma unroll
-    for (int j = 0; j < DQW_DELTA_HEADS; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(j)) * p.o_sh +
-                                                            half * 256 + (threadIdx.x % 32) * 8));
-  }
-  // This lane's head of the fused delta (lanes 0-7: head dqw_delta_head(lane)): its natural-log lse, loaded with O
-  // so that the latency is spent in the Q/dO wait, not after the reductions.
-  float lse_mine = 0.f;
-  if (fuse_delta && threadIdx.x % 32 < DQW_DELTA_HEADS) {
-    const int h = h0 + dqw_delta_head(threadIdx.x % 32);
-    lse_mine = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
-  }
-  smla_cp_async_wait<0>();
-#if DQW_PRODUCER
-  smla_fence_proxy_async();  // Q and dO, for wgmma (the two-warpgroup body fences them at its barrier A)
-#endif
-  DQW_SYNC();
-#if !DQW_PRODUCER
-  if (n_tiles > 0) {
-    int k0[8];
-    dqw_read_idx(sIdx, k0);
-    dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
-  }
-  smla_cp_async_commit();
-#endif
-
-  // This thread's two accumulator rows (heads) of the 64 x N fragments.
-  const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
-  const long long th = (long long)t * HEADS + h0;
-  // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
-  // phase is not planned with this body), written for d_sink and the later chunks, which read them.
-#if DQW_PRODUCER
-  float* sDelta = reinterpret_cast<float*>(sP);  // free until the first element stage, after barrier B
+#if DQW_PERSIST
+  // The blocks (token t, heads h0 ..) blockIdx.x, + gridDim.x, ...; g0: the producer's tile count at tile 0.
+  const int n_blocks = p.T * (HEADS / 64);
+  for (int blk = blockIdx.x, it = 0; blk < n_blocks; blk += gridDim.x, ++it) {
+    const int t = blk % p.T, h0 = (blk / p.T) * 64, g0 = it * n_tiles;
+    if (it > 0) DQW_SYNC();  // every consumer is done with the last block's sP (delta lives there next)
 #else
-  float* sDelta = sPf;  // free until the first exchange, after barrier A
-#endif
-  float* sLse = sDelta + 64;
-  if (fuse_delta) {
-    // The eight heads' partial sums first, then their butterflies interleaved (eight independent chains, not
-    // eight dependent reductions with a one-lane branch between them), then lane j writes head j.
-    float sums[DQW_DELTA_HEADS];
-#pragma unroll
-    for (int j = 0; j < DQW_DELTA_HEADS; ++j) {
-      const int hh = dqw_delta_head(j);
-      float sum = 0.f;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = half * 32 + threadIdx.x % 32;  // 16-byte piece of the row
-        const uint4 gv = *reinterpret_cast<const uint4*>(sDO + (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8));
-        const unsigned ow[4] = {ov[j][half].x, ov[j][half].y, ov[j][half].z, ov[j][half].w};
-        const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sum = fmaf(smla_lo_f(ow[e]), smla_lo_f(gw[e]), sum);
-          sum = fmaf(smla_hi_f(ow[e]), smla_hi_f(gw[e]), sum);
-        }
-      }
-      sums[j] = sum;
-    }
-    smla_warp_sums(sums);
-    const int jl = threadIdx.x % 32;
-    if (jl < DQW_DELTA_HEADS) {
-      float sum = sums[0];
-#pragma unroll
-      for (int j = 1; j < DQW_DELTA_HEADS; ++j) sum = jl == j ? sums[j] : sum;
-      const int hh = dqw_delta_head(jl);
-      sDelta[hh] = sum;
-      sLse[hh] = lse_mine;
-      p.delta[th + hh] = sum;
-      p.lse_n[th + hh] = lse_mine;
-    }
-  } else if (threadIdx.x < 64) {
-    sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
-    sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
-  }
-  DQW_SYNC();
-  // lse (base 2) and delta of the two rows
-  const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
-  const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
-  const float sl2 = p.scale * DQW_LOG2E;
-
-  const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);
-  const unsigned akv0 = smla_smem_addr(sKV);
-  const unsigned ads = smla_smem_addr(sDS);
-
-  float acc[128];
-#pragma unroll
-  for (int j = 0; j < 128; ++j) acc[j] = 0.f;
-
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile & 1;
+    {
 #if DQW_PRODUCER
-    // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
-    // only after barrier B, which every consumer reaches after it is done with the previous tile.
-    smla_mbar_wait(full0 + 8 * buf, (tile >> 1) & 1);
+    constexpr int g0 = 0;
+#endif
+#endif
+
+#if !DQW_PERSIST
+    // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
+    for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
+      const int hh = i / 64, c = i % 64;
+      const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
+      smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
+      smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
+    }
+#if !DQW_PRODUCER
+    // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
+    for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
+#endif
+    smla_cp_async_commit();
+#endif  // !DQW_PERSIST
+    // Fused delta (chunk 0): this warp's 8 heads of O, 16 columns a lane, in flight with Q and dO.
+    const bool fuse_delta = p.chunk == 0;
+#if !DQW_PERSIST
+    uint4 ov[DQW_DELTA_HEADS][2];
+    if (fuse_delta) {
+#pragma unroll
+      for (int j = 0; j < DQW_DELTA_HEADS; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          ov[j][half] = __ldg(reinterpret_cast<const uint4*>(p.o + t * p.o_st + (h0 + dqw_delta_head(j)) * p.o_sh +
+                                                              half * 256 + (threadIdx.x % 32) * 8));
+    }
+#endif
+    // This lane's head of the fused delta (lanes 0-7: head dqw_delta_head(lane)): its natural-log lse, loaded with O
+    // so that the latency is spent in the Q/dO wait, not after the reductions.
+    float lse_mine = 0.f;
+    if (fuse_delta && threadIdx.x % 32 < DQW_DELTA_HEADS) {
+      const int h = h0 + dqw_delta_head(threadIdx.x % 32);
+      lse_mine = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
+    }
+#if DQW_PERSIST
+    smla_mbar_wait(qfull, it & 1);  // Q and dO landed (the producer fenced them)
 #else
     smla_cp_async_wait<0>();
-    smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
-    __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
+#if DQW_PRODUCER
+    smla_fence_proxy_async();  // Q and dO, for wgmma (the two-warpgroup body fences them at its barrier A)
 #endif
-    const unsigned akv = akv0 + buf * DQW_KVBYTES;
-    const int* flag = sFlag + buf * BLOCK_R;
+    DQW_SYNC();
+#endif
 #if !DQW_PRODUCER
-    int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
-    if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
-#endif
-
-    // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
-    float sd[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) sd[j] = 0.f;
-    smla_fence_regs(sd);
-    smla_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 32; ++kk) {
-      const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
-      const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
-      smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
+    if (n_tiles > 0) {
+      int k0[8];
+      dqw_read_idx(sIdx, k0);
+      dqw_load_kv(p, k0, smla_smem_addr(sKV), sFlag);
     }
-    smla_wgmma_commit();
-    // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
-    // the next tile's kv rows (its indices landed before barrier A) into the other buffer (free: its dQ
-    // was waited for before (A)). Measured at the seed (docs/perf-notes.md, v7), dq ms: 2.71 issued here,
-    // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
-    // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
-    // placement after this commit read rows before they landed and failed --check).
-#if !DQW_PRODUCER
-    if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
-    if (tile + 1 < n_tiles)
-      dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
     smla_cp_async_commit();
 #endif
-    smla_wgmma_wait<0>();
-    smla_fence_regs(sd);
 
-    // ---- both: warpgroup 0 takes slots 0-15 (i = 0, 1), warpgroup 1 slots 16-31 (i = 2, 3); each
-    // hands the other the half of its S or dP that the other needs (fp32, register order).
-    {
-      float4* give = reinterpret_cast<float4*>(sPf) + wg * 256;        // wg 0: S(i 2,3); wg 1: dP(i 0,1)
-      const float4* take = reinterpret_cast<const float4*>(sPf) + (wg ^ 1) * 256;
-      float g[8];  // (static register indices only: a computed index would put sd in local memory)
-#pragma unroll
-      for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
-      give[tw] = make_float4(g[0], g[1], g[2], g[3]);
-      give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
-      // Validity of this thread's four slots (8 i + 2 (lane % 4) + e, i = i0, i0 + 1), read here, before
-      // any store below: read between the stores, each element became one dependent chain (shared
-      // load, exp2, stores) ~8 times over (measured: the element stage was ~1200 cycles a tile).
-      const int i0 = wg == 0 ? 0 : 2;
-      const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
-      const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
-      DQW_SYNC();  // (B) the halves are exchanged
-      const float4 t0 = take[tw], t1 = take[128 + tw];
-      const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
-      const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
-      // All eight exponentials first (independent), then dS, then the stores.
-      float pe[8];
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const int half = (r >> 1) & 1;
-        const float s_ = wg == 0 ? sd[r] : other[r];
-        // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
-        pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
-                                                             : -__int_as_float(0x7f800000));
-      }
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
-        const int col = 8 * i + 2 * (lane % 4) + e;
-        const float dp_ = wg == 0 ? other[r] : sd[8 + r];
-        const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
-        const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
-        *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
-        *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
-      }
-    }
-    smla_fence_proxy_async();  // both wrote dS
-    DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
-
-    // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
-    smla_fence_regs(acc);
-    smla_wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
-      const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
-      const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
-      smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
-    }
-    smla_wgmma_commit();
-
-    // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
-    for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
-      const int rl = i / 8, c = i % 8;
-      const int rr = tile * BLOCK_R + rl;
-      if (rr < r_chunk) {
-        const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
-        const unsigned so = smla_swz128(rl, c * 8);
-        *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
-        *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
-      }
-    }
-    smla_wgmma_wait<0>();
-    smla_fence_regs(acc);
+    // This thread's two accumulator rows (heads) of the 64 x N fragments.
+    const int hl_a = warp * 16 + lane / 4, hl_b = hl_a + 8;
+    const long long th = (long long)t * HEADS + h0;
+    // delta and natural-log lse of the block's heads: computed here at chunk 0 (the separate delta
+    // phase is not planned with this body), written for d_sink and the later chunks, which read them.
 #if DQW_PRODUCER
-    smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
+    float* sDelta = reinterpret_cast<float*>(sP);  // free until the first element stage, after barrier B
+#else
+    float* sDelta = sPf;  // free until the first exchange, after barrier A
 #endif
-  }
+    float* sLse = sDelta + 64;
+    if (fuse_delta) {
+      // The eight heads' partial sums first, then their butterflies interleaved (eight independent chains, not
+      // eight dependent reductions with a one-lane branch between them), then lane j writes head j.
+      float sums[DQW_DELTA_HEADS];
+#if DQW_PERSIST
+      // O from L2 (the producer prefetched it with Q and dO) in two rounds of four heads: 32 registers, not 64.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint4 ov[DQW_DELTA_HEADS / 2][2];
+#pragma unroll
+        for (int j = 0; j < DQW_DELTA_HEADS / 2; ++j)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            ov[j][half] = __ldg(reinterpret_cast<const uint4*>(
+                p.o + t * p.o_st + (h0 + dqw_delta_head(4 * r + j)) * p.o_sh + half * 256 + (threadIdx.x % 32) * 8));
+#pragma unroll
+        for (int j = 0; j < DQW_DELTA_HEADS / 2; ++j)
+          sums[4 * r + j] = dqw_delta_dot(ov[j], sDO, dqw_delta_head(4 * r + j));
+      }
+#else
+#pragma unroll
+      for (int j = 0; j < DQW_DELTA_HEADS; ++j) sums[j] = dqw_delta_dot(ov[j], sDO, dqw_delta_head(j));
+#endif
+      smla_warp_sums(sums);
+      const int jl = threadIdx.x % 32;
+      if (jl < DQW_DELTA_HEADS) {
+        float sum = sums[0];
+#pragma unroll
+        for (int j = 1; j < DQW_DELTA_HEADS; ++j) sum = jl == j ? sums[j] : sum;
+        const int hh = dqw_delta_head(jl);
+        sDelta[hh] = sum;
+        sLse[hh] = lse_mine;
+        p.delta[th + hh] = sum;
+        p.lse_n[th + hh] = lse_mine;
+      }
+    } else if (threadIdx.x < 64) {
+      sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
+      sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
+    }
+    DQW_SYNC();
+    // lse (base 2) and delta of the two rows
+    const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
+    const float dla = sDelta[hl_a], dlb = sDelta[hl_b];
+    const float sl2 = p.scale * DQW_LOG2E;
+
+    const unsigned aq = smla_smem_addr(wg == 0 ? sQ : sDO);
+    const unsigned akv0 = smla_smem_addr(sKV);
+    const unsigned ads = smla_smem_addr(sDS);
+
+    float acc[128];
+#pragma unroll
+    for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+#if DQW_PRODUCER
+      const int buf = (g0 + tile) & 1;
+      // (A) this tile has landed (the producer fenced its copies before arriving). sP, sDS and sPf are reused
+      // only after barrier B, which every consumer reaches after it is done with the previous tile.
+      smla_mbar_wait(full0 + 8 * buf, ((g0 + tile) >> 1) & 1);
+#else
+      const int buf = tile & 1;
+      smla_cp_async_wait<0>();
+      smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
+      __syncthreads();  // (A) this tile has landed; everyone is done with the other buffer, sP, sDS, sPf
+#endif
+      const unsigned akv = akv0 + buf * DQW_KVBYTES;
+      const int* flag = sFlag + buf * BLOCK_R;
+#if !DQW_PRODUCER
+      int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
+      if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
+#endif
+
+      // ---- S (warpgroup 0) or dP (warpgroup 1): 64 heads x BLOCK_R rows, K = 512.
+      float sd[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) sd[j] = 0.f;
+      smla_fence_regs(sd);
+      smla_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 32; ++kk) {
+        const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
+        const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
+        smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
+      }
+      smla_wgmma_commit();
+      // ---- while it runs: the indices of the tile after next into the slot this tile's indices used, and
+      // the next tile's kv rows (its indices landed before barrier A) into the other buffer (free: its dQ
+      // was waited for before (A)). Measured at the seed (docs/perf-notes.md, v7), dq ms: 2.71 issued here,
+      // 2.91 one piece between every 4 S/dP wgmma (the body before), 2.81 after the element work. They must
+      // be committed before the next tile's cp.async.wait_group: an uncommitted copy is not waited for (a
+      // placement after this commit read rows before they landed and failed --check).
+#if !DQW_PRODUCER
+      if (tile + 2 < n_tiles) dqw_load_idx(p, topk_row, sIdx + (tile & 1) * BLOCK_R, tile + 2);
+      if (tile + 1 < n_tiles)
+        dqw_load_kv(p, kn, akv0 + (buf ^ 1) * DQW_KVBYTES, sFlag + (buf ^ 1) * BLOCK_R);
+      smla_cp_async_commit();
+#endif
+      smla_wgmma_wait<0>();
+      smla_fence_regs(sd);
+#if DQW_PERSIST
+      if (tile == n_tiles - 1) smla_mbar_arrive(qfree);  // done with Q and dO: the next block's may land
+#endif
+
+      // ---- both: warpgroup 0 takes slots 0-15 (i = 0, 1), warpgroup 1 slots 16-31 (i = 2, 3); each
+      // hands the other the half of its S or dP that the other needs (fp32, register order).
+      {
+        float4* give = reinterpret_cast<float4*>(sPf) + wg * 256;        // wg 0: S(i 2,3); wg 1: dP(i 0,1)
+        const float4* take = reinterpret_cast<const float4*>(sPf) + (wg ^ 1) * 256;
+        float g[8];  // (static register indices only: a computed index would put sd in local memory)
+#pragma unroll
+        for (int r = 0; r < 8; ++r) g[r] = wg == 0 ? sd[8 + r] : sd[r];
+        give[tw] = make_float4(g[0], g[1], g[2], g[3]);
+        give[128 + tw] = make_float4(g[4], g[5], g[6], g[7]);
+        // Validity of this thread's four slots (8 i + 2 (lane % 4) + e, i = i0, i0 + 1), read here, before
+        // any store below: read between the stores, each element became one dependent chain (shared
+        // load, exp2, stores) ~8 times over (measured: the element stage was ~1200 cycles a tile).
+        const int i0 = wg == 0 ? 0 : 2;
+        const int2 fv0 = *reinterpret_cast<const int2*>(flag + 8 * i0 + 2 * (lane % 4));
+        const int2 fv1 = *reinterpret_cast<const int2*>(flag + 8 * (i0 + 1) + 2 * (lane % 4));
+        DQW_SYNC();  // (B) the halves are exchanged
+        const float4 t0 = take[tw], t1 = take[128 + tw];
+        const float other[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+        const bool valid[4] = {fv0.x != 0, fv0.y != 0, fv1.x != 0, fv1.y != 0};  // [2 (i - i0) + e]
+        // All eight exponentials first (independent), then dS, then the stores.
+        float pe[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int half = (r >> 1) & 1;
+          const float s_ = wg == 0 ? sd[r] : other[r];
+          // Branch-free: an empty slot's exponent is -inf, so p = 0 and dS = 0 (its kv row is zero, dP finite).
+          pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
+                                                               : -__int_as_float(0x7f800000));
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
+          const int col = 8 * i + 2 * (lane % 4) + e;
+          const float dp_ = wg == 0 ? other[r] : sd[8 + r];
+          const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
+          const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
+          *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
+          *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
+        }
+      }
+      smla_fence_proxy_async();  // both wrote dS
+      DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
+
+      // ---- dQ[:, 256 wg ..] += dS (64 x BLOCK_R, M-major in sDS) * K (BLOCK_R x 256, N-major in the kv buffer).
+      smla_fence_regs(acc);
+      smla_wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
+        const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
+        const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
+        smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
+      }
+      smla_wgmma_commit();
+
+      // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
+      for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
+        const int rl = i / 8, c = i % 8;
+        const int rr = tile * BLOCK_R + rl;
+        if (rr < r_chunk) {
+          const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
+          const unsigned so = smla_swz128(rl, c * 8);
+          *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
+          *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
+        }
+      }
+      smla_wgmma_wait<0>();
+      smla_fence_regs(acc);
+#if DQW_PRODUCER
+      smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
+#endif
+    }
 #undef DQW_SYNC
 
-  // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
-  const bool last = p.chunk == p.n_chunks - 1;
+    // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
+    const bool last = p.chunk == p.n_chunks - 1;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int d = 256 * wg + 8 * i + 2 * (lane % 4);
+    for (int i = 0; i < 32; ++i) {
+      const int d = 256 * wg + 8 * i + 2 * (lane % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = h0 + (half ? hl_b : hl_a);
-      float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
-      if (p.n_chunks > 1) {
-        float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
-        if (p.chunk > 0) {
-          const float2 c = *carry;
-          v0 = c.x + v0;
-          v1 = c.y + v1;
+      for (int half = 0; half < 2; ++half) {
+        const int h = h0 + (half ? hl_b : hl_a);
+        float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
+        if (p.n_chunks > 1) {
+          float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
+          if (p.chunk > 0) {
+            const float2 c = *carry;
+            v0 = c.x + v0;
+            v1 = c.y + v1;
+          }
+          if (!last) {
+            *carry = make_float2(v0, v1);
+            continue;
+          }
         }
-        if (!last) {
-          *carry = make_float2(v0, v1);
-          continue;
-        }
+        *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
       }
-      *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
     }
-  }
+  }  // the block (the persistent body: the blocks of this CTA)
 }

@@ -60,6 +60,9 @@ struct KernelSpec {
   /// between warpgroups with setmaxnreg: their split is sized for this allocation, and under a smaller one the
   /// consumers' increase never completes (the block hangs), so the backend refuses such a binary at load.
   int launch_regs = 0;
+  /// A persistent kernel: grid.x counts its blocks of work, which each launched block takes in turn (blockIdx.x,
+  /// + gridDim.x, ...); the backend launches min(grid.x, the device's SMs) blocks, one resident an SM.
+  bool persistent = false;
 };
 
 /// The registers a thread gets under __launch_bounds__(threads, 1) when ptxas allocates the most it may (what it does

@@ -176,11 +176,12 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
 }
 
-// The two wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by
-// the sweep above) and dq_impl 2 (two warpgroups; asked for only). Three or two warpgroups, the producer define,
-// the same tile and shared memory; both compile for sm_90a with no local memory and no serialized wgmma
-// (setmaxnreg lets dq_impl 3's consumers exceed the 168 registers of a 384-thread launch); asking for either
-// where it cannot run is a clear error.
+// The wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by the sweep
+// above), dq_impl 2 (two warpgroups; asked for only) and dq_impl 4 (3 made persistent; asked for only). Three or two
+// warpgroups, the producer and persistent defines, the grid (one dimension of blocks of work for dq_impl 4), the same
+// tile and shared memory; all compile for sm_90a with no local memory and no serialized wgmma (setmaxnreg lets the
+// producer bodies' consumers exceed the 168 registers of a 384-thread launch); asking for one where it cannot run is
+// a clear error.
 TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
@@ -189,23 +190,28 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_TRUE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
   TileConfig c;
   std::vector<KernelSpec> specs;
-  for (int impl : {2, 3})
+  for (int impl : {2, 3, 4})
     for (int64_t H : {64, 128}) {
       c.dq_impl = impl;
       p.H = H;
       const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
       const KernelSpec k = dq_of(s);
+      const bool producer = impl >= 3;
       EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
-      EXPECT_EQ(has_define(k, "DQW_PRODUCER", 1), impl == 3);
-      EXPECT_EQ(define_of(k, "NUM_WARPS"), impl == 3 ? 12 : 8);
-      EXPECT_EQ(k.block.x, impl == 3 ? 384u : 256u);
-      EXPECT_EQ(k.grid.y, unsigned(H / 64));
+      EXPECT_EQ(has_define(k, "DQW_PRODUCER", 1), producer);
+      EXPECT_EQ(has_define(k, "DQW_PERSIST", 1), impl == 4);
+      EXPECT_EQ(define_of(k, "NUM_WARPS"), producer ? 12 : 8);
+      EXPECT_EQ(k.block.x, producer ? 384u : 256u);
+      // dq_impl 4 counts its T * H / 64 blocks of work in one dimension; the backend launches at most one an SM.
+      EXPECT_EQ(k.persistent, impl == 4);
+      EXPECT_EQ(k.grid.x, impl == 4 ? unsigned(4096 * H / 64) : 4096u);
+      EXPECT_EQ(k.grid.y, impl == 4 ? 1u : unsigned(H / 64));
       EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
-      EXPECT_EQ(k.launch_regs, impl == 3 ? 168 : 0);  // 65536 / 384, down to a multiple of 8: setmaxnreg's pool
+      EXPECT_EQ(k.launch_regs, producer ? 168 : 0);  // 65536 / 384, down to a multiple of 8: setmaxnreg's pool
       EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
       specs.push_back(k);
     }
-  EXPECT_EQ(compile_all("sm_90a", specs), 4);  // every one had its ptxas report checked
+  EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
   c.dq_impl = 3;
   std::string why;
   p.H = 128;
@@ -216,8 +222,11 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_NE(why.find("multiple of 64"), std::string::npos) << why;
   c.dq_impl = 4;
   p.H = 128;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_80"), &why));
+  EXPECT_NE(why.find("dq_impl = 4 (wgmma) needs an sm_90a target"), std::string::npos) << why;
+  c.dq_impl = 5;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), &why));
-  EXPECT_NE(why.find("dq_impl = 4 must be"), std::string::npos) << why;
+  EXPECT_NE(why.find("dq_impl = 5 must be"), std::string::npos) << why;
 }
 
 // The two wgmma dkv_interm bodies: dkv_impl 2 (two warpgroups sharing each 64-row tile, the planner's choice) and

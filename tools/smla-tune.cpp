@@ -76,16 +76,21 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
   r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
   r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
   r.r_chunk = s.r_chunk;
-  r.dq_impl = define_of(dq, "DQW_PRODUCER") ? 3 : define_of(dq, "DQ_WGMMA") ? 2 : 1;
+  r.dq_impl = define_of(dq, "DQW_PERSIST")    ? 4
+              : define_of(dq, "DQW_PRODUCER") ? 3
+              : define_of(dq, "DQ_WGMMA")     ? 2
+                                              : 1;
   r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
   return r;
 }
 
+// A body's name in the labels: wgmmaN for the warpgroup-MMA bodies (dq_impl / dkv_impl N >= 2), mma for mma.sync.
+std::string body_name(int impl) { return impl >= 2 ? "wgmma" + std::to_string(impl) : "mma   "; }
+
 std::string label(const smla::TileConfig& c) {
   char b[128];
-  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", c.dq_impl == 3 ? "wgmma3" : c.dq_impl == 2 ? "wgmma2" : "mma   ",
-                c.dq_block_h, c.dq_block_r, c.dkv_impl == 3 ? "wgmma3" : c.dkv_impl == 2 ? "wgmma2" : "mma   ", c.dkv_block_r, c.dkv_block_d,
-                (long long)c.r_chunk);
+  std::snprintf(b, sizeof(b), "dq %s %2dx%-3d dkv %s %3dx%-3d rc %lld", body_name(c.dq_impl).c_str(), c.dq_block_h,
+                c.dq_block_r, body_name(c.dkv_impl).c_str(), c.dkv_block_r, c.dkv_block_d, (long long)c.r_chunk);
   return b;
 }
 
@@ -104,6 +109,7 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
     if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
     for (int impl : {3, 2, 1})   // dq body: wgmma with and without a producer (sm_90a only; one tile, 64 x 32), mma.sync
+                                 // (not dq_impl 4, the persistent form, until it has been measured on a GPU)
       for (int dimpl : {3, 2, 1})  // dkv body: wgmma with and without a producer (sm_90a, H % 32 == 0; only their
                                      // 64 x 256 tile passes), mma.sync
         for (int bh : {16, 32, 64})

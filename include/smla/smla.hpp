@@ -164,14 +164,15 @@ struct TileConfig {
   int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
   /// dq body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA (sm_90a, H % 64 == 0),
   /// 3 = warpgroup MMA with a producer warpgroup issuing the kv copies (same constraints as 2; the planner's choice
-  /// on sm_90a).
+  /// on sm_90a), 4 = 3 made persistent (one block an SM takes the (token, 64 heads) blocks in turn, the next block's
+  /// Q and dO copied while this one finishes; same constraints; asked for only, not yet measured on a GPU).
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256), 3 = warpgroup MMA with a producer warpgroup issuing the copies
   /// and one 64 x 256 tile per consumer warpgroup (same constraints as 2).
   int dkv_impl = 0;
   /// The largest dq_impl and dkv_impl (the bodies above): what the planner, the tuning database and the tools accept.
-  static constexpr int kMaxDqImpl = 3, kMaxDkvImpl = 3;
+  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 3;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
            dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl && dkv_impl == o.dkv_impl;

@@ -1,6 +1,8 @@
 // cuda_backend.cpp: loads cubins and launches them through the driver API.
 #include "cuda_backend.hpp"
 
+#include <algorithm>
+
 #include "cuda_api.hpp"
 
 namespace smla::cuda {
@@ -11,6 +13,7 @@ struct CudaKernel : LoadedKernel {
   CUfunction fn = nullptr;
   CUcontext ctx = nullptr;
   int device = 0;
+  unsigned sms = 0;  // the device's SMs, for a persistent kernel's grid (KernelSpec::persistent)
   ~CudaKernel() override {
     if (module) {
       driver().CtxSetCurrent(ctx);
@@ -120,6 +123,13 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
                                        " registers a thread; its setmaxnreg split between warpgroups is sized for " +
                                        std::to_string(spec.launch_regs) + " (under any other count it would hang)");
   }
+  if (spec.persistent) {
+    CUdevice dev;
+    int sms = 0;
+    SMLA_CU(driver().DeviceGet(&dev, device));
+    SMLA_CU(driver().DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    k->sms = static_cast<unsigned>(std::max(sms, 1));
+  }
   if (spec.smem_bytes > 48 * 1024) {
     const size_t limit = max_shared_memory(device);
     if (spec.smem_bytes > limit)
@@ -134,8 +144,9 @@ void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const S
   const auto& k = static_cast<const CudaKernel&>(lk);
   SMLA_CU(driver().CtxSetCurrent(k.ctx));
   void* args[] = {const_cast<SmlaParams*>(&p)};
-  SMLA_CU(driver().LaunchKernel(k.fn, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y,
-                                spec.block.z, spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
+  const unsigned gx = spec.persistent ? std::min(spec.grid.x, k.sms) : spec.grid.x;
+  SMLA_CU(driver().LaunchKernel(k.fn, gx, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
+                                spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
 }
 
 PointerKind CudaBackend::pointer_kind(const void* ptr) const {

@@ -38,9 +38,10 @@ int default_dq_block_h(int H) {
 }
 
 // The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups (three with the producer of
-// dq_impl 3, dq_wgmma.cuh's DQW_PRODUCER).
+// dq_impl 3 and 4, dq_wgmma.cuh's DQW_PRODUCER; dq_impl 4 is its persistent form, DQW_PERSIST).
 constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8, kWgmmaProducerWarps = 12;
-bool is_wgmma_dq(int dq_impl) { return dq_impl == 2 || dq_impl == 3; }
+bool is_wgmma_dq(int dq_impl) { return dq_impl >= 2 && dq_impl <= 4; }
+bool is_producer_dq(int dq_impl) { return dq_impl == 3 || dq_impl == 4; }
 
 // The dkv_interm wgmma body's only tile: 64 slot rows (wgmma's M) x 256 columns, two warpgroups;
 // its K = 2H must be a multiple of 64 (H % 32 == 0).
@@ -61,7 +62,7 @@ Tiles tiles_of(const ShapeInfo& s) {
   t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
   // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups (and a producer).
-  t.dq_warps = t.dq_impl == 3 ? kWgmmaProducerWarps : t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
+  t.dq_warps = is_producer_dq(t.dq_impl) ? kWgmmaProducerWarps : t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
   // Default dkv body: wgmma on sm_90a when the shape and the caller's tiles allow its one tile.
   const bool dkv_wgmma_fits = s.H % kDkvWgmmaHeads == 0 &&
                               (s.dkv_block_r == 0 || s.dkv_block_r == kDkvWgmmaBlockR) &&
@@ -111,7 +112,8 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
   if (t.dq_impl < 1 || t.dq_impl > TileConfig::kMaxDqImpl)
-    e << "dq_impl = " << t.dq_impl << " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3 (wgmma, producer warpgroup); ";
+    e << "dq_impl = " << t.dq_impl
+      << " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4 (3, persistent); ";
   if (is_wgmma_dq(t.dq_impl)) {
     const std::string what = "dq_impl = " + std::to_string(t.dq_impl) + " (wgmma)";
     if (!s.sm90a) e << what << " needs an sm_90a target; ";
@@ -178,11 +180,15 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       std::vector<std::pair<std::string, long long>> d{
           {"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"NUM_WARPS", t.dq_warps}};
       if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
-      if (t.dq_impl == 3) d.emplace_back("DQW_PRODUCER", 1);
+      if (is_producer_dq(t.dq_impl)) d.emplace_back("DQW_PRODUCER", 1);
+      if (t.dq_impl == 4) d.emplace_back("DQW_PERSIST", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
-      KernelSpec k = make_spec("dq", "smla_dq", std::move(d), grid_xy(s.T, s.H / t.dq_block_h), t.dq_warps * 32,
-                               dq_smem_of(t));
-      if (t.dq_impl == 3) k.launch_regs = max_launch_regs(t.dq_warps * 32);  // setmaxnreg (dq_wgmma.cuh)
+      // dq_impl 4: one dimension of T * H / 64 blocks of work, launched as at most one block an SM.
+      const Dim3 grid = t.dq_impl == 4 ? grid_xy(static_cast<unsigned>(s.T) * (s.H / t.dq_block_h))
+                                       : grid_xy(s.T, s.H / t.dq_block_h);
+      KernelSpec k = make_spec("dq", "smla_dq", std::move(d), grid, t.dq_warps * 32, dq_smem_of(t));
+      if (is_producer_dq(t.dq_impl)) k.launch_regs = max_launch_regs(t.dq_warps * 32);  // setmaxnreg (dq_wgmma.cuh)
+      k.persistent = t.dq_impl == 4;
       return {k};
     }
     case Phase::DkvInterm: {
