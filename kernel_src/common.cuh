@@ -125,6 +125,25 @@ __device__ __forceinline__ void smla_cp_async_wait() {
 __device__ __forceinline__ void smla_prefetch_l2(const void* gmem) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(gmem));
 }
+// One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1, at the end of a chunk (HEADS: H): with several
+// chunks, the carry through dq_acc (the chunk before added in; kept for the next one unless this chunk is the last);
+// at the last chunk, the bf16 output.
+template <int HEADS_>
+__device__ __forceinline__ void smla_dq_store_pair(const SmlaParams& p, int t, int h, int d, float v0, float v1) {
+  if (p.n_chunks > 1) {
+    float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS_ + h) * SMLA_D + d);
+    if (p.chunk > 0) {
+      const float2 c = *carry;
+      v0 = c.x + v0;
+      v1 = c.y + v1;
+    }
+    if (p.chunk != p.n_chunks - 1) {
+      *carry = make_float2(v0, v1);
+      return;
+    }
+  }
+  *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
+}
 __device__ __forceinline__ void smla_st_shared_zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
 }

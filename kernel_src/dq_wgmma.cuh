@@ -573,28 +573,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #undef DQW_SYNC
 
     // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
-    const bool last = p.chunk == p.n_chunks - 1;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int d = 256 * wg + 8 * i + 2 * (lane % 4);
+    for (int i = 0; i < 32; ++i)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int h = h0 + (half ? hl_b : hl_a);
-        float v0 = acc[4 * i + 2 * half], v1 = acc[4 * i + 2 * half + 1];
-        if (p.n_chunks > 1) {
-          float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS + h) * SMLA_D + d);
-          if (p.chunk > 0) {
-            const float2 c = *carry;
-            v0 = c.x + v0;
-            v1 = c.y + v1;
-          }
-          if (!last) {
-            *carry = make_float2(v0, v1);
-            continue;
-          }
-        }
-        *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
-      }
-    }
+      for (int half = 0; half < 2; ++half)
+        smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
+                                  acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
   }  // the block (the persistent body: the blocks of this CTA)
 }
