@@ -116,6 +116,18 @@ __device__ __forceinline__ float dqw_delta_dot(const uint4 (&o)[2], const char* 
   return sum;
 }
 
+// Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
+// columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
+__device__ __forceinline__ void dqw_load_qdo(const SmlaParams& p, char* sQ, char* sDO, int t, int h0, int first,
+                                             int stride) {
+  for (int i = first; i < 64 * 64; i += stride) {
+    const int hh = i / 64, c = i % 64;
+    const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
+    smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
+    smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
+  }
+}
+
 // Slot of a tile's row in `sidx`: the 8 rows r0 + 4 j (j = 0..7) that thread r0 * 64 + c copies are 8 consecutive
 // ints, read with two 16-byte loads.
 __device__ __forceinline__ int dqw_idx_slot(int row) { return (row % 4) * 8 + row / 4; }
@@ -194,6 +206,23 @@ __device__ __forceinline__ void dqw_prod_idx(const SmlaParams& p, const int* top
   }
 }
 
+// One kv tile of the chunk by the producer warpgroup, the g-th of the kernel (buffer g % 2): waits until the buffer's
+// previous tile (g - 2) has been consumed (its dQ wgmma are done), copies this thread's pieces of the rows (indices
+// k; piece c of rows rbase + j) and commits them, then loads tile + 1's indices into k while they are in flight. The
+// caller announces.
+__device__ __forceinline__ void dqw_produce_tile(const SmlaParams& p, const int* topk_row, int (&k)[DQW_PROD_ROWS],
+                                                 int tile, int n_tiles, int g, int c, int rbase, unsigned akv0,
+                                                 int* sFlag, unsigned empty0) {
+  const int buf = g & 1;
+  if (g >= 2) smla_mbar_wait(empty0 + 8 * buf, ((g >> 1) - 1) & 1);
+  const unsigned skv = akv0 + buf * DQW_KVBYTES;
+  int* flag = sFlag + buf * BLOCK_R;
+#pragma unroll
+  for (int j = 0; j < DQW_PROD_ROWS; ++j) dqw_copy_piece(p, k[j], skv, flag, rbase + j, c, j & 7);  // row % 8 == j % 8
+  smla_cp_async_commit();
+  if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
+}
+
 // The producer warpgroup's loop: every tile of the chunk into buffer tile % 2, in order.
 __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* topk_row, int n_tiles, unsigned akv0,
                                              int* sFlag, unsigned full0, unsigned empty0) {
@@ -201,17 +230,8 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
   int k[DQW_PROD_ROWS];
   if (n_tiles > 0) dqw_prod_idx(p, topk_row, 0, k);
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int buf = tile & 1;
-    // The buffer's previous tile (tile - 2) has been consumed: its dQ wgmma are done.
-    if (tile >= 2) smla_mbar_wait(empty0 + 8 * buf, ((tile >> 1) - 1) & 1);
-    const unsigned skv = akv0 + buf * DQW_KVBYTES;
-    int* flag = sFlag + buf * BLOCK_R;
-#pragma unroll
-    for (int j = 0; j < DQW_PROD_ROWS; ++j) dqw_copy_piece(p, k[j], skv, flag, rbase + j, c, j & 7);  // row % 8 == j % 8
-    smla_cp_async_commit();
-    // The next tile's indices while these rows are in flight.
-    if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
-    smla_cp_async_announce<0>(full0 + 8 * buf);  // this thread's copies and zero rows, for wgmma
+    dqw_produce_tile(p, topk_row, k, tile, n_tiles, tile, c, rbase, akv0, sFlag, empty0);
+    smla_cp_async_announce<0>(full0 + 8 * (tile & 1));  // this thread's copies and zero rows, for wgmma
   }
 }
 
@@ -230,29 +250,16 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, int n_
     const int t = blk % p.T, h0 = (blk / p.T) * 64;
     const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
     if (it > 0) smla_mbar_wait(qfree, (it - 1) & 1);
-#pragma unroll 4
-    for (int i = tp; i < 64 * 64; i += 128) {
-      const int hh = i / 64, cc = i % 64;
-      const unsigned off = (cc >> 3) * (64 * 128) + smla_swz128(hh, (cc & 7) * 8);
-      smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + cc * 8);
-      smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + cc * 8);
-    }
+    dqw_load_qdo(p, sQ, sDO, t, h0, tp, 128);
     smla_cp_async_commit();
     if (p.chunk == 0)  // the fused delta's O rows into L2 (the consumers read them after Q and dO land)
       for (int l = tp; l < 64 * 8; l += 128) smla_prefetch_l2(p.o + t * p.o_st + (h0 + l / 8) * p.o_sh + (l % 8) * 64);
     int k[DQW_PROD_ROWS];
     dqw_prod_idx(p, topk_row, 0, k);
     for (int tile = 0; tile < n_tiles; ++tile, ++g) {
-      const int buf = g & 1;
-      if (g >= 2) smla_mbar_wait(empty0 + 8 * buf, ((g >> 1) - 1) & 1);
-      const unsigned skv = akv0 + buf * DQW_KVBYTES;
-      int* flag = sFlag + buf * BLOCK_R;
-#pragma unroll
-      for (int j = 0; j < DQW_PROD_ROWS; ++j) dqw_copy_piece(p, k[j], skv, flag, rbase + j, c, j & 7);
-      smla_cp_async_commit();
-      if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
+      dqw_produce_tile(p, topk_row, k, tile, n_tiles, g, c, rbase, akv0, sFlag, empty0);
       if (tile == 0) smla_cp_async_announce<1>(qfull);  // Q and dO (the group before this tile's)
-      smla_cp_async_announce<0>(full0 + 8 * buf);
+      smla_cp_async_announce<0>(full0 + 8 * (g & 1));
     }
   }
 }
@@ -333,13 +340,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
 
 #if !DQW_PERSIST
-    // Q and dO of the block's heads, once, swizzled: row = head, 8 chunks of 64 columns.
-    for (int i = threadIdx.x; i < 64 * 64; i += DQW_THREADS) {
-      const int hh = i / 64, c = i % 64;
-      const unsigned off = (c >> 3) * (64 * 128) + smla_swz128(hh, (c & 7) * 8);
-      smla_cp_async16(sQ + off, p.q + t * p.q_st + (h0 + hh) * p.q_sh + c * 8);
-      smla_cp_async16(sDO + off, p.dout + t * p.do_st + (h0 + hh) * p.do_sh + c * 8);
-    }
+    // Q and dO of the block's heads, once.
+    dqw_load_qdo(p, sQ, sDO, t, h0, threadIdx.x, DQW_THREADS);
 #if !DQW_PRODUCER
     // Indices of tiles 0 and 1; tile 0's kv rows as soon as its indices are in.
     for (int j = 0; j < 2 && j < n_tiles; ++j) dqw_load_idx(p, topk_row, sIdx + j * BLOCK_R, j);
