@@ -44,6 +44,12 @@ SMLA_HD constexpr unsigned smla_dq_smem_bytes(int block_h, int block_r) {
          smla_dq_flag_bytes(block_r);
 }
 
+// Registers a thread gets under __launch_bounds__(threads, 1) when ptxas gives the most it may (what it does for a
+// kernel with setmaxnreg): the register file (65536) over the threads, down to the allocation unit of 8. The pool
+// that setmaxnreg moves registers in (sm90_sync.cuh), and what the host checks a loaded binary against
+// (KernelSpec::launch_regs).
+SMLA_HD constexpr int smla_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+
 // ---- dq, sm_90a wgmma body (dq_wgmma.cuh): Q and dO (64 heads x 1 KB each), two kv buffers of
 // BLOCK_R rows, fp32 S/dP exchange (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags
 // and the prefetched top-k indices (two tiles each), and 1 KB of slack to align the start to 1024

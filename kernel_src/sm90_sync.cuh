@@ -46,7 +46,7 @@ __device__ __forceinline__ void smla_named_sync() {
 // __launch_bounds__(threads, 1) allows: 65536 / threads, down to a multiple of 8; the host checks the count at load,
 // KernelSpec::launch_regs). The increase is retried until the decreases have released enough: a split that the pool
 // cannot cover hangs the block instead of failing (a dq candidate at 232 / 48 with 384 threads did on the H200).
-constexpr int smla_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+// smla_launch_regs (common.cuh) is that allocation.
 // Whether `consumer_wgs` warpgroups at `consumer_regs` and one producer warpgroup at `producer_regs` fit the pool.
 constexpr bool smla_setmaxnreg_fits(int consumer_wgs, int consumer_regs, int producer_regs) {
   return consumer_wgs * consumer_regs + producer_regs <= (consumer_wgs + 1) * smla_launch_regs(128 * (consumer_wgs + 1));

@@ -65,10 +65,6 @@ struct KernelSpec {
   bool persistent = false;
 };
 
-/// The registers a thread gets under __launch_bounds__(threads, 1) when ptxas allocates the most it may (what it does
-/// for a kernel with setmaxnreg): the register file (65536) over the threads, down to the allocation unit of 8.
-constexpr int max_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
-
 // ---- helpers for the backend families' spec tables (runtime/cuda, runtime/hip)
 
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -187,7 +187,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       const Dim3 grid = t.dq_impl == 4 ? grid_xy(static_cast<unsigned>(s.T) * (s.H / t.dq_block_h))
                                        : grid_xy(s.T, s.H / t.dq_block_h);
       KernelSpec k = make_spec("dq", "smla_dq", std::move(d), grid, t.dq_warps * 32, dq_smem_of(t));
-      if (is_producer_dq(t.dq_impl)) k.launch_regs = max_launch_regs(t.dq_warps * 32);  // setmaxnreg (dq_wgmma.cuh)
+      if (is_producer_dq(t.dq_impl)) k.launch_regs = smla_launch_regs(t.dq_warps * 32);  // setmaxnreg (dq_wgmma.cuh)
       k.persistent = t.dq_impl == 4;
       return {k};
     }
@@ -203,7 +203,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       KernelSpec k = make_spec("dkv_interm", "smla_dkv_interm", std::move(d),
                                grid_xy(static_cast<unsigned>(s.T) * (SMLA_D / t.dkv_block_d)), t.dkv_warps * 32,
                                dkv_smem_of(t, s.H));
-      if (t.dkv_impl == 3) k.launch_regs = max_launch_regs(t.dkv_warps * 32);  // setmaxnreg (dkv_wgmma.cuh)
+      if (t.dkv_impl == 3) k.launch_regs = smla_launch_regs(t.dkv_warps * 32);  // setmaxnreg (dkv_wgmma.cuh)
       return {k};
     }
     case Phase::Csr: {
