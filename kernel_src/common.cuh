@@ -127,10 +127,6 @@ __device__ __forceinline__ void smla_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Bring the 128-byte line at `gmem` into L2 (no register, no wait).
-__device__ __forceinline__ void smla_prefetch_l2(const void* gmem) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(gmem));
-}
 // One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1, at the end of a chunk (HEADS: H): with several
 // chunks, the carry through dq_acc (the chunk before added in; kept for the next one unless this chunk is the last);
 // at the last chunk, the bf16 output.

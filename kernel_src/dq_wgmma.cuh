@@ -42,13 +42,17 @@
 // With DQW_PERSIST 1 as well (dq_impl 4; the host launches at most one CTA an SM, KernelSpec::persistent) each CTA
 // takes the blocks blockIdx.x, + gridDim.x, ... (block = token t, heads h0; t fastest) in turn:
 //   producer: per block, waits on qfree until the consumers are done with the last block's Q and dO (they arrive
-//            after their last tile's S/dP wgmma: nothing reads Q or dO after it), copies this block's Q and dO and
-//            prefetches its O rows into L2, then its kv tiles as above; Q and dO are announced on qfull with tile 0.
+//            after their last tile's S/dP wgmma: nothing reads Q or dO after it), copies this block's Q and dO,
+//            then its kv tiles as above; Q and dO are announced on qfull with tile 0.
 //            Its tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2)
 //   consumers: per block, named barrier 1 (sP, which holds delta, is free), wait qfull, the fused delta with O in
 //            two rounds of four heads (32 registers), the tiles, the epilogue
 // So the next block's Q/dO copies run during this block's last element stage, dQ MMA, P/dS stores and epilogue.
 // setmaxnreg 208 / 88: the split with no local memory for this body (224 / 56 spilled the producer's block loop).
+// Measured on the H200 (perf notes v12): correct, but not faster than dq_impl 3: dq 2.47 against 2.41 ms at the
+// seed, 1.22 against 1.20 at TOPK 160 (end to end even there). The overlapped copies bought nothing (with qfree
+// moved after the epilogue, no overlap at all, it ran the same); prefetching the O rows into L2 was slower
+// (+0.035 ms). Asked for only.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
@@ -252,8 +256,6 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, int n_
     if (it > 0) smla_mbar_wait(qfree, (it - 1) & 1);
     dqw_load_qdo(p, sQ, sDO, t, h0, tp, 128);
     smla_cp_async_commit();
-    if (p.chunk == 0)  // the fused delta's O rows into L2 (the consumers read them after Q and dO land)
-      for (int l = tp; l < 64 * 8; l += 128) smla_prefetch_l2(p.o + t * p.o_st + (h0 + l / 8) * p.o_sh + (l % 8) * 64);
     int k[DQW_PROD_ROWS];
     dqw_prod_idx(p, topk_row, 0, k);
     for (int tile = 0; tile < n_tiles; ++tile, ++g) {
@@ -402,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // eight dependent reductions with a one-lane branch between them), then lane j writes head j.
       float sums[DQW_DELTA_HEADS];
 #if DQW_PERSIST
-      // O from L2 (the producer prefetched it with Q and dO) in two rounds of four heads: 32 registers, not 64.
+      // O in two rounds of four heads: 32 registers, not 64.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         uint4 ov[DQW_DELTA_HEADS / 2][2];
@@ -449,6 +451,12 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     float acc[128];
 #pragma unroll
     for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+    // S/dP's A descriptors: the low word (address field, LBO 16) once; a k-step's offset adds to its address field
+    // without a carry (every shared-memory address is below 256 KB, the field's reach), the high word is a constant.
+    // Written per k-step from aq, ptxas recomputed all 32 in vector registers every tile in dq_impl 4 (208
+    // registers); measured: dq_impl 4's dq -0.05 ms at the seed, dq_impl 3's -0.02 at TOPK 160 (perf notes v12).
+    const unsigned daq_lo = (unsigned)smla_wgmma_desc(aq, 16, 1024);
+    constexpr unsigned long long daq_hi = ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
@@ -477,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       smla_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 32; ++kk) {
-        const unsigned long long da = smla_wgmma_desc(aq + (kk >> 2) * (64 * 128) + (kk & 3) * 32, 16, 1024);
+        const unsigned long long da = daq_hi | (daq_lo + (unsigned)(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4));
         const unsigned long long db = smla_wgmma_desc(akv + (kk >> 2) * DQW_KVCHUNK + (kk & 3) * 32, 16, 1024);
         smla_wgmma_m64n32k16<0, 0>(sd, da, db, kk > 0);
       }
