@@ -9,20 +9,12 @@
 // every kv row four times a token at H 128 instead of twice (8.6 GB at the seed instead of 4.3): whether L2 can
 // serve that in well under dq's present 2.4 ms decides whether the design is worth building.
 #include <cuda_runtime.h>
+#include "cuda_check.cuh"
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
-
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 constexpr int kThreads = 256;
 constexpr int kSmem = 200 * 1024;  // one block an SM, like the dq bodies

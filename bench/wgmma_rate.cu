@@ -9,6 +9,7 @@
 // nor two accumulator chains nor hiding the dQ drain moved it much. If small N itself is slow, the fix is a
 // wider N.
 #include <cuda_runtime.h>
+#include "cuda_check.cuh"
 #include <cstdio>
 #include <cstdlib>
 
@@ -16,15 +17,6 @@ __device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 #include "wgmma.cuh"
-
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 constexpr int kSteps = 32;  // k-steps a chain (K = 512)
 constexpr int kSmem = 224 * 1024;  // A 2 x 64 KB, B 64 KB, copy destination 32 KB
