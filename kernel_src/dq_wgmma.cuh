@@ -455,8 +455,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     // without a carry (every shared-memory address is below 256 KB, the field's reach), the high word is a constant.
     // Written per k-step from aq, ptxas recomputed all 32 in vector registers every tile in dq_impl 4 (208
     // registers); measured: dq_impl 4's dq -0.05 ms at the seed, dq_impl 3's -0.02 at TOPK 160 (perf notes v12).
-    const unsigned daq_lo = (unsigned)smla_wgmma_desc(aq, 16, 1024);
-    constexpr unsigned long long daq_hi = ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+    const unsigned long long daq = smla_wgmma_desc(aq, 16, 1024);
+    const unsigned daq_lo = (unsigned)daq;
+    const unsigned long long daq_hi = daq & ~0xFFFFFFFFull;  // SBO and swizzle: constants
 
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
