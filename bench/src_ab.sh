@@ -14,11 +14,13 @@
 #       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
 #       narrow that to the variants and shapes named. Logs in $OUT (default /tmp/out); BUDGET seconds
-#       (default 400) bound the whole run: what would pass it is skipped and says so.
+#       (default 400) bound the whole run: what would pass it is skipped and says so. ARGS: more smla-bench options
+#       for every run and check (e.g. ARGS="--dq-impl 3,4": each process then times both bodies on the same
+#       tensors, and the table has a row per variant and body).
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
 # falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, BUDGET, STEP (seconds
-# per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice). Env for `prepare`: BUILD,
+# per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for `prepare`: BUILD,
 # the build directory (default build).
 set -uo pipefail
 usage() { sed -n 2,22p "$0"; exit 2; }
@@ -74,6 +76,8 @@ ROUNDS=${ROUNDS:-2} REPEAT=${REPEAT:-20} BUDGET=${BUDGET:-400} STEP=${STEP:-40}
 mapfile -t variants < "$dir/variants.txt"
 mapfile -t shapes < "$dir/shapes.txt"
 extra=(); [ -n "${BACKEND:-}" ] && extra=(--backend "$BACKEND")
+read -ra more_args <<< "${ARGS:-}"
+extra+=("${more_args[@]}")
 start=$SECONDS
 tmp=$(mktemp -d /tmp/src_ab.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT  # this run's writable copies of the caches
@@ -101,26 +105,29 @@ import json, statistics, sys
 out, tag, rounds, variants = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 rows, first = [], None
 for v in variants:
-    runs = []
+    # One JSON line a planned body (several with --dq-impl/--dkv-impl lists in ARGS): a row each, in their order.
+    bodies = {}
     for r in range(1, rounds + 1):
         try:
-            for line in open("%s/%s_%s_r%d.log" % (out, v, tag, r)):
-                if line.startswith("{"):
-                    runs.append(json.loads(line)); break
+            lines = [json.loads(l) for l in open("%s/%s_%s_r%d.log" % (out, v, tag, r)) if l.startswith("{")]
         except OSError:
-            pass
-    if not runs:
+            continue
+        for j in lines:
+            label = v if len(lines) == 1 else "%s dq%d/dkv%d" % (v, j["dq_impl"], j["dkv_impl"])
+            bodies.setdefault(label, []).append(j)
+    if not bodies:
         rows.append((v, None, {}, 0)); continue
-    ms = statistics.median(j["ms"] for j in runs)
-    phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
-              for k in runs[0].get("phases", {})}
-    first = ms if first is None else first
-    rows.append((v, ms, phases, len(runs)))
+    for label, runs in bodies.items():
+        ms = statistics.median(j["ms"] for j in runs)
+        phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
+                  for k in runs[0].get("phases", {})}
+        first = ms if first is None else first
+        rows.append((label, ms, phases, len(runs)))
 print("shape %s, median over rounds (ms):" % tag.replace("_", ","))
 for v, ms, phases, n in rows:
     if ms is None:
-        print("  %-14s failed or skipped" % v); continue
-    print("  %-14s %8.3f  x%.3f  (%d runs)  %s" % (v, ms, ms / first, n,
+        print("  %-20s failed or skipped" % v); continue
+    print("  %-20s %8.3f  x%.3f  (%d runs)  %s" % (v, ms, ms / first, n,
           "  ".join("%s %.3f" % kv for kv in sorted(phases.items()))))
 EOF
 done
