@@ -16,7 +16,8 @@
 #       narrow that to the variants and shapes named. Logs in $OUT (default /tmp/out); BUDGET seconds
 #       (default 400) bound the whole run: what would pass it is skipped and says so. ARGS: more smla-bench options
 #       for every run and check (e.g. ARGS="--dq-impl 3,4": each process then times both bodies on the same
-#       tensors, and the table has a row per variant and body).
+#       tensors, and the table has a row per variant and body; a body the planner would not choose is not in the
+#       warmed cache and compiles on the device at plan time, outside the timed runs).
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
 # falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, BUDGET, STEP (seconds
