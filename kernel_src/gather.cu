@@ -5,7 +5,8 @@
 // ~4090 against a mean of 156), so the time of the longest row (a chain of dependent load rounds)
 // matters, not only the bytes. One block per kv row of GATHER_GROUPS groups of SMLA_D / 4 threads
 // (the host picks 1 or 4 from the top-k; a compile-time count: a run-time one, tried, made both paths
-// slower, seed 0.481 -> 0.549 ms with one group and 0.291 -> 0.352 with four);
+// slower, seed 0.481 -> 0.549 ms with one group and 0.291 -> 0.352 with four; with four groups the blocks take the
+// rows from the last, so that the hot pool rows start first);
 // group g sums the g-th contiguous segment of the row's contributors, each thread 4 columns (one
 // 8-byte load per contributor), UNROLL contributors in flight per round while the next round's
 // indices load; then group 0 adds the other groups' sums in group order. Every output element is
@@ -25,8 +26,16 @@
 static_assert(GATHER_GROUPS >= 1 && GATHER_GROUPS <= 8, "GATHER_GROUPS must be in 1..8");
 
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) smla_gather(SmlaParams p) {
+#if GATHER_GROUPS > 1
+  // The rows from the last: the top-k's pool rows (after the T window rows) are the hot ones, and started first
+  // their long chains run beside the many short rows instead of after them. Measured (perf notes v13, TOPK 160):
+  // gather 0.291 -> 0.229 ms; with one group (the seed, T 8192) the reversal measured even or slower, so only here.
+  const int j = p.num_kv - 1 - (int)blockIdx.x;
+  if (j < 0) return;
+#else
   const int j = blockIdx.x;
   if (j >= p.num_kv) return;
+#endif
   const int* vals = p.csr_vals[p.csr_final];
 #if GATHER_GROUPS > 1
   const int row_beg = p.row_ptr[j], row_end = p.row_ptr[j + 1];

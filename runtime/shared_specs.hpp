@@ -43,7 +43,8 @@ inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo
       // below that the hottest rows are the gather's tail and four groups cut it: topk 160
       // (4096,128,4128,160) gather 0.415 -> 0.291 ms; at topk 512 (the seed) four groups were slower,
       // 0.481 -> 0.536 ms. Measured on the H200, docs/perf-notes.md (v6). Decided on topk, which bounds
-      // r_chunk and, unlike it, does not change with T: a new T never compiles another gather.
+      // r_chunk and, unlike it, does not change with T: a new T never compiles another gather. The four-group
+      // kernel takes the rows from the last (the pool rows, the hot ones, first): 0.291 -> 0.229 ms at topk 160 (v13).
       const int groups = s.topk <= 320 ? 4 : 1;
       return {make_spec("gather", "smla_gather", {{"UNROLL", 16}, {"GATHER_GROUPS", groups}},
                         grid_xy(static_cast<unsigned>(s.num_kv)), groups * (SMLA_D / 4))};
