@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # candidates.sh: kernel-source changes written but not yet measured on the GPU, kept on main as patches
-# (bench/candidates/NAME.patch: a paragraph saying what, why and the prediction, then a `git diff` of kernel_src/),
+# (bench/candidates/NAME.patch: a paragraph saying what, why and the prediction, then a `git diff` of kernel_src/ and
+# of anything that must land with it),
 # because branches and ignored directories have not survived from one session's checkout to the next.
 #
 #   here (no GPU):  bench/candidates.sh prepare DIR [-s T,H,NUM_KV,TOPK]... [NAME...]
-#       applies each patch (all of them, or the NAMEs) to a copy of kernel_src/ and runs `bench/src_ab.sh prepare`
-#       with main's embedded sources as the first variant ("main") and one variant per patch: a patch that no
+#       applies each patch (all of them, or the NAMEs) to a copy of kernel_src/ (its kernel_src/ hunks; hunks elsewhere,
+#       e.g. a test that lands with it, must apply to the checkout but stay out of the copy) and runs `bench/src_ab.sh
+#       prepare` with main's embedded sources as the first variant ("main") and one variant per patch: a patch that no
 #       longer applies, or a tree that does not compile for sm_90a, fails here. Run from the repository root
 #       (BUILD: the build directory, as for src_ab.sh).
 #   device:         bash bench/src_ab.sh run DIR     (CHECK=1: --check every variant; see src_ab.sh)
@@ -13,7 +15,7 @@
 # A candidate that measures faster goes into kernel_src/ in its own commit and its patch is deleted; one that does
 # not is deleted too, with its numbers in docs/perf-notes.md.
 set -uo pipefail
-usage() { sed -n 2,15p "$0"; exit 2; }
+usage() { sed -n 2,16p "$0"; exit 2; }
 [ "${1:-}" = prepare ] && [ $# -ge 2 ] || usage
 dir=${2%/}
 shift 2
@@ -37,7 +39,11 @@ for n in "${names[@]}"; do
   f=$root/bench/candidates/$n.patch
   [ -f "$f" ] || { echo "candidates: no $f" >&2; exit 1; }
   mkdir -p "$trees/$n" && cp -r "$root/kernel_src" "$trees/$n/" || exit 1
-  (cd "$trees/$n" && git apply "$f") || { echo "candidates: $n.patch does not apply to kernel_src/" >&2; exit 1; }
+  # A patch may carry the test or host hunks that must land with it: the whole of it must apply to the checkout,
+  # and only its kernel_src/ hunks go into the variant's tree.
+  (cd "$root" && git apply --check "$f") || { echo "candidates: $n.patch does not apply to this checkout" >&2; exit 1; }
+  (cd "$trees/$n" && git apply --include='kernel_src/*' "$f") ||
+    { echo "candidates: $n.patch's kernel_src/ hunks do not apply" >&2; exit 1; }
   variants+=("$n=$trees/$n/kernel_src")
 done
 bash "$root/bench/src_ab.sh" prepare "$dir" "${shapes[@]}" "${variants[@]}"
