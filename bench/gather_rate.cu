@@ -76,25 +76,10 @@ template <int R>
 static void run(const char* name, int groups, int T, int topk_n, long long valid, const uint4* kv, const int* topk,
                 int* sink) {
   CHECK(cudaFuncSetAttribute(gather<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 23; ++rep) {
-    CHECK(cudaEventRecord(a));
-    gather<R><<<T * groups, kThreads, kSmem>>>(kv, topk, T, topk_n, sink);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    CHECK(cudaEventElapsedTime(&m, a, b));
-    if (rep >= 3) ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2], gb = double(valid) * groups * 1024 / 1e9;
+  const double med = median_ms([&] { gather<R><<<T * groups, kThreads, kSmem>>>(kv, topk, T, topk_n, sink); }, 20, 3);
+  const double gb = double(valid) * groups * 1024 / 1e9;
   printf("%-34s tiles of %2d rows, %d blocks a token: %6.2f GB in %.3f ms = %5.2f TB/s (median of 20)\n", name, R,
          groups, gb, med, gb / med);  // GB a ms = TB/s
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
 }
 
 int main(int argc, char** argv) {

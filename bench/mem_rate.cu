@@ -118,26 +118,10 @@ __global__ void __launch_bounds__(kThreads, 1) store_bulk(char* dst, int salt) {
 template <class K, class... A>
 static void run(const char* name, K kernel, int blocks, A... args) {
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 12; ++rep) {
-    CHECK(cudaEventRecord(a));
-    kernel<<<blocks, kThreads, kSmem>>>(args...);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    CHECK(cudaEventElapsedTime(&m, a, b));
-    if (rep >= 2) ms.push_back(m);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2], gb = double(kPerBlock) * blocks / 1e9;
+  const double med = median_ms([&] { kernel<<<blocks, kThreads, kSmem>>>(args...); }, 10, 2);
+  const double gb = double(kPerBlock) * blocks / 1e9;
   printf("%-40s %3d SMs: %5.2f TB/s, %5.1f GB/s an SM (%.3f ms, median of 10)\n", name, blocks, gb / med,
          gb / med * 1e3 / blocks, med);
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
 }
 
 int main() {
