@@ -12,9 +12,7 @@
 // memory system and only fewer bytes help.
 #include <cuda_runtime.h>
 #include "cuda_check.cuh"
-#include <algorithm>
 #include <cstdio>
-#include <vector>
 
 #include "common.cuh"
 #include "wgmma.cuh"
