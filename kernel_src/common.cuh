@@ -233,6 +233,49 @@ __device__ __forceinline__ int smla_warp_min_i(int v) {
 // An empty slot: anything outside [0, num_kv).
 __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
 
+// The slots a block of the matrix phases must run: 1 + the last slot of its token's chunk whose index is valid (0 when
+// none is). Slots after it are empty, and an empty slot's P and dS are zero, so the tiles past it change nothing
+// of dQ, and their interm rows are never read (csr gives an empty slot no kv row). The top-k of causal sparse
+// attention ends its rows with empty slots wherever a token sees fewer rows than TOPK (the benchmark top-k: 14% of
+// the seed's slots, 44% at TOPK 1152). Three steps, by THREADS threads `tid` 0 .. THREADS - 1 (whole warps):
+//   _load:   this thread's first four slots' indices (slots tid + u THREADS) into registers. Issued before the
+//            thread's (or its warp's) bulk copies: a load issued after them waits in the memory pipeline behind
+//            them (measured, perf notes v14: the read after the copies cost TOPK 160 +8% end to end).
+//   _reduce: the last valid slot of this thread (the loaded four, then the rest of a chunk longer than 4 THREADS),
+//            the warp's max into warp_last[tid / 32].
+//   _end:    after a barrier of those threads, the count (any thread).
+#if defined(__CUDACC__)
+template <int THREADS>
+__device__ __forceinline__ void smla_valid_slots_load(const SmlaParams& p, const int* topk_row, int tid, int (&k)[4]) {
+  const int n = min(p.r_chunk, p.topk_n - p.r_start);  // the chunk's slots (a ragged last chunk is shorter)
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int rr = u * THREADS + tid;
+    k[u] = rr < n ? __ldg(topk_row + rr) : -1;
+  }
+}
+template <int THREADS>
+__device__ __forceinline__ void smla_valid_slots_reduce(const SmlaParams& p, const int* topk_row, int tid,
+                                                        const int (&k)[4], int* warp_last) {
+  int last = -1;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    if (smla_valid_index(k[u], p.num_kv)) last = u * THREADS + tid;  // u grows: the last valid one
+  const int n = min(p.r_chunk, p.topk_n - p.r_start);
+  for (int rr = 4 * THREADS + tid; rr < n; rr += THREADS)
+    if (smla_valid_index(__ldg(topk_row + rr), p.num_kv)) last = rr;
+  last = __reduce_max_sync(0xffffffffu, last);
+  if (tid % 32 == 0) warp_last[tid / 32] = last;
+}
+template <int WARPS>
+__device__ __forceinline__ int smla_valid_slots_end(const int* warp_last) {
+  int last = -1;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) last = max(last, warp_last[w]);
+  return last + 1;
+}
+#endif  // __CUDACC__
+
 // The caller's lse `l` of head h as natural-log and sink-inclusive (lse_mode: SMLA_LSE_* bits of
 // smla_params.h; sink null when there is none). Used by delta.cu and by the fused delta of dq_wgmma.cuh.
 __device__ __forceinline__ float smla_lse_natural(float l, int lse_mode, const float* sink, int h) {

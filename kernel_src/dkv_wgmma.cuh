@@ -139,16 +139,24 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
   const int t = blockIdx.x / (SMLA_D / 256);
   const int d0 = (blockIdx.x % (SMLA_D / 256)) * 256;
   const int wg = threadIdx.x / 128;
-  const int n_tiles = (p.r_chunk + 63) / 64;
 
+  // The tiles run: those up to the token's last valid slot of the chunk (smla_valid_slots_*), its indices loaded
+  // before the copies below and reduced after them; the count is known after the first barrier (tile 0's land()).
+  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+  int kvs[4];
+  smla_valid_slots_load<DKW_THREADS>(p, topk_row, threadIdx.x, kvs);
   dkw_load_b(p, sB, t, d0);
   // Tiles 0, 1, 2 into slots 0, 1, 2: one commit group each (maybe empty), so wait<1> is "tile i + 1 has
-  // landed" when tile i + 2's group is the only one that may still be in flight.
+  // landed" when tile i + 2's group is the only one that may still be in flight. Issued for the chunk's tiles
+  // before the run is known (a tile past it is copied and never read).
+  const int n_chunk_tiles = (p.r_chunk + 63) / 64;
 #pragma unroll
   for (int j = 0; j < 3; ++j) {
-    if (j < n_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j);
+    if (j < n_chunk_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j);
     smla_cp_async_commit();
   }
+  __shared__ int s_last[DKW_THREADS / 32];
+  smla_valid_slots_reduce<DKW_THREADS>(p, topk_row, threadIdx.x, kvs, s_last);
 
   const unsigned ab = smla_smem_addr(sB) + 2 * wg * DKW_BCHUNK;
   const unsigned aa0 = smla_smem_addr(sA);
@@ -164,6 +172,13 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
     __syncthreads();           // the tile has landed for everyone; the slot of tile i - 1 is free
   };
+  smla_cp_async_wait<2>();
+  land();
+  const int n_tiles = (smla_valid_slots_end<DKW_THREADS / 32>(s_last) + 63) / 64;
+  if (n_tiles == 0) {
+    smla_cp_async_wait<0>();  // no copy may land after the block is gone
+    return;
+  }
   auto finish = [&](const float (&acc)[64], int j) {
     char* slot = sA + (j % 3) * DKW_ASLOT;
     dkw_store_tile(p, acc, slot + wg * DKW_OBYTES, t, d0, j);
@@ -171,12 +186,6 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     if (j + 3 < n_tiles) dkw_load_a(p, slot, t, j + 3);
     smla_cp_async_commit();
   };
-  if (n_tiles == 0) {
-    smla_cp_async_wait<0>();  // no copy may land after the block is gone
-    return;
-  }
-  smla_cp_async_wait<2>();
-  land();
   dkw_mma(acc0, aa0, ab);
   smla_wgmma_wait<0>();
   smla_fence_regs(acc0);
@@ -201,6 +210,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     finish(acc0, n_tiles - 1);
   else
     finish(acc1, n_tiles - 1);
+  smla_cp_async_wait<0>();  // tiles 1-2 when the run is shorter than the chunk: no copy may land after the block
 }
 #else  // DKW_PRODUCER: dkv_impl 3
 #include "sm90_sync.cuh"
@@ -255,7 +265,6 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
 
   const int t = blockIdx.x / (SMLA_D / 256);
   const int d0 = (blockIdx.x % (SMLA_D / 256)) * 256;
-  const int n_tiles = (p.r_chunk + 63) / 64;
   if (threadIdx.x == 0) {
     smla_mbar_init(bfull, 128);
     for (int s = 0; s < 3; ++s) {
@@ -263,24 +272,38 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
       smla_mbar_init(empty0 + 8 * s, 128);
     }
   }
-  __syncthreads();  // the only block-wide barrier
-
-  if (threadIdx.x >= 256) {  // ---- producer
-    smla_setmaxnreg_dec<DKW_REGS_PRODUCER>();
+  // B and tiles 0-2 (the three free slots) by the producer at once, one commit group each (empty past the chunk's
+  // tiles), before the barrier: in flight while the consumers read the token's indices. The tiles run are those up
+  // to the chunk's last valid slot (smla_valid_slots_*); a tile of 0-2 past it is copied and never read.
+  const int n_chunk_tiles = (p.r_chunk + 63) / 64;
+  __shared__ int s_last[256 / 32];
+  if (threadIdx.x >= 256) {
     const int tp = threadIdx.x - 256;
-    // B and tiles 0-2 (the three free slots) at once, one commit group each (empty past the chunk's tiles), then
-    // each announced as it lands (smla_cp_async_announce: wait, proxy fence, arrive).
     dkw_load_b(p, sB, t, d0, tp, 128);
     smla_cp_async_commit();
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
-      if (j < n_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j, tp, 128);
+      if (j < n_chunk_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j, tp, 128);
       smla_cp_async_commit();
     }
+  } else {
+    const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+    int kvs[4];
+    smla_valid_slots_load<256>(p, topk_row, threadIdx.x, kvs);
+    smla_valid_slots_reduce<256>(p, topk_row, threadIdx.x, kvs, s_last);
+  }
+  __syncthreads();  // the only block-wide barrier
+  const int n_tiles = (smla_valid_slots_end<256 / 32>(s_last) + 63) / 64;
+
+  if (threadIdx.x >= 256) {  // ---- producer
+    smla_setmaxnreg_dec<DKW_REGS_PRODUCER>();
+    const int tp = threadIdx.x - 256;
+    // Each of B and tiles 0-2 announced as it lands (smla_cp_async_announce: wait, proxy fence, arrive); an arrival
+    // for a tile past the run is one nobody waits for.
     smla_cp_async_announce<3>(bfull);
-    smla_cp_async_announce<2>(full0);  // n_tiles >= 1 (r_chunk >= 1)
-    if (n_tiles > 1) smla_cp_async_announce<1>(full0 + 8);
-    if (n_tiles > 2) smla_cp_async_announce<0>(full0 + 16);
+    smla_cp_async_announce<2>(full0);
+    if (n_chunk_tiles > 1) smla_cp_async_announce<1>(full0 + 8);
+    if (n_chunk_tiles > 2) smla_cp_async_announce<0>(full0 + 16);
     // Then tile j (>= 3) into slot j % 3 once tile j - 3's MMA is done with it. One commit group behind: after
     // issuing tile j it waits for tile j - 1 (issued earlier; the consumer that needs it next is still busy with
     // tile j - 3's stores) and announces that one.

@@ -62,6 +62,12 @@
 #ifndef DQW_PERSIST
 #define DQW_PERSIST 0  // 1 (dq_impl 4): the producer body, persistent (see below)
 #endif
+// dq_impl 3 runs the tiles up to its token's last valid slot of the chunk only (smla_valid_slots_*, common.cuh). Its
+// consumers load the chunk's indices first thing and reduce them before their post-delta barrier; the producer loads
+// them before its tile 0 and reduces them after issuing it (a barrier of its own four warps). Neither waits on the
+// read before its first copies. dq_impl 2 and 4 run every tile of the chunk (4's tile count feeds its mbarrier
+// phases across blocks).
+#define DQW_SKIP (DQW_PRODUCER && !DQW_PERSIST)
 #if DQW_PERSIST && !DQW_PRODUCER
 #error "the persistent dq body is the producer body's (DQW_PRODUCER 1)"
 #endif
@@ -227,15 +233,25 @@ __device__ __forceinline__ void dqw_produce_tile(const SmlaParams& p, const int*
   if (tile + 1 < n_tiles) dqw_prod_idx(p, topk_row, tile + 1, k);
 }
 
-// The producer warpgroup's loop: every tile of the chunk into buffer tile % 2, in order.
-__device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* topk_row, int n_tiles, unsigned akv0,
-                                             int* sFlag, unsigned full0, unsigned empty0) {
+// The producer warpgroup's loop (dq_impl 3): every tile of the run into buffer tile % 2, in order. The run (the tiles
+// up to the chunk's last valid slot, maybe none) is the producer's own count: its warps load the indices before tile
+// 0's and reduce them after issuing tile 0 (copied and announced even when the run is empty), then meet at named
+// barrier 2 (s_last: one int a producer warp).
+__device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* topk_row, int n_chunk_tiles, unsigned akv0,
+                                             int* sFlag, unsigned full0, unsigned empty0, int* s_last) {
   const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
+  int kvs[4];
+  smla_valid_slots_load<128>(p, topk_row, tp, kvs);
   int k[DQW_PROD_ROWS];
-  if (n_tiles > 0) dqw_prod_idx(p, topk_row, 0, k);
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  dqw_prod_idx(p, topk_row, 0, k);
+  dqw_produce_tile(p, topk_row, k, 0, n_chunk_tiles, 0, c, rbase, akv0, sFlag, empty0);
+  smla_valid_slots_reduce<128>(p, topk_row, tp, kvs, s_last);
+  smla_named_sync<2, 128>();
+  const int n_tiles = (smla_valid_slots_end<4>(s_last) + BLOCK_R - 1) / BLOCK_R;
+  smla_cp_async_announce<0>(full0);  // tile 0: this thread's copies and zero rows, for wgmma
+  for (int tile = 1; tile < n_tiles; ++tile) {
     dqw_produce_tile(p, topk_row, k, tile, n_tiles, tile, c, rbase, akv0, sFlag, empty0);
-    smla_cp_async_announce<0>(full0 + 8 * (tile & 1));  // this thread's copies and zero rows, for wgmma
+    smla_cp_async_announce<0>(full0 + 8 * (tile & 1));
   }
 }
 
@@ -289,9 +305,14 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   const int wg = threadIdx.x / 128, tw = threadIdx.x % 128;
   const int warp = tw / 32, lane = tw % 32;
   const int r_chunk = p.r_chunk;
-  const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
 #if !DQW_PERSIST
   const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+#endif
+#if DQW_SKIP
+  const int n_chunk_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
+  __shared__ int s_last_prod[4], s_last_cons[DQW_THREADS / 32];
+#else
+  const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
 #endif
 
 #if DQW_PRODUCER
@@ -318,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #if DQW_PERSIST
     dqw_producer_persist(p, n_tiles, sQ, sDO, smla_smem_addr(sKV), sFlag, full0, empty0, qfull, qfree);
 #else
-    dqw_producer(p, topk_row, n_tiles, smla_smem_addr(sKV), sFlag, full0, empty0);
+    dqw_producer(p, topk_row, n_chunk_tiles, smla_smem_addr(sKV), sFlag, full0, empty0, s_last_prod);
 #endif
     return;
   }
@@ -342,6 +363,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
 
 #if !DQW_PERSIST
+#if DQW_SKIP
+    // The chunk's indices first (reduced before the barrier after Q and dO land: the run's tile count).
+    int kvs[4];
+    smla_valid_slots_load<DQW_THREADS>(p, topk_row, threadIdx.x, kvs);
+#endif
     // Q and dO of the block's heads, once.
     dqw_load_qdo(p, sQ, sDO, t, h0, threadIdx.x, DQW_THREADS);
 #if !DQW_PRODUCER
@@ -377,7 +403,13 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #if DQW_PRODUCER
     smla_fence_proxy_async();  // Q and dO, for wgmma (the two-warpgroup body fences them at its barrier A)
 #endif
+#if DQW_SKIP
+    smla_valid_slots_reduce<DQW_THREADS>(p, topk_row, threadIdx.x, kvs, s_last_cons);
+#endif
     DQW_SYNC();
+#if DQW_SKIP
+    const int n_tiles = (smla_valid_slots_end<DQW_THREADS / 32>(s_last_cons) + BLOCK_R - 1) / BLOCK_R;
+#endif
 #endif
 #if !DQW_PRODUCER
     if (n_tiles > 0) {

@@ -131,10 +131,16 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
     k->sms = static_cast<unsigned>(std::max(sms, 1));
   }
   if (spec.smem_bytes > 48 * 1024) {
+    // The block's static shared memory (a kernel's own __shared__ arrays) counts against the same limit as the
+    // dynamic carve the spec asks for: a sum over the limit fails here, by name, not as a launch error in run().
     const size_t limit = max_shared_memory(device);
-    if (spec.smem_bytes > limit)
+    int static_bytes = 0;
+    SMLA_CU(driver().FuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, k->fn));
+    if (spec.smem_bytes + size_t(static_bytes) > limit)
       SMLA_THROW(Status::Unsupported, spec.entry + " needs " + std::to_string(spec.smem_bytes) +
-                                          " bytes of shared memory; the device allows " + std::to_string(limit));
+                                          " bytes of shared memory" +
+                                          (static_bytes ? " and " + std::to_string(static_bytes) + " of its own" : "") +
+                                          "; the device allows " + std::to_string(limit));
     SMLA_CU(driver().FuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)spec.smem_bytes));
   }
   return k;
