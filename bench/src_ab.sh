@@ -13,18 +13,19 @@
 #       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
 #       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
-#       narrow that to the variants and shapes named. Logs in $OUT (default /tmp/out); BUDGET seconds
-#       (default 400) bound the whole run: what would pass it is skipped and says so. ARGS: more smla-bench options
+#       narrow that to the variants and shapes named; CHECK_FIRST=1 runs them before the timing. Logs in $OUT
+#       (default /tmp/out); BUDGET seconds (default 400) bound the whole run: what would pass it is skipped and says
+#       so. ARGS: more smla-bench options
 #       for every run and check (e.g. ARGS="--dq-impl 3,4": each process then times both bodies on the same
 #       tensors, and the table has a row per variant and body; a body the planner would not choose is not in the
 #       warmed cache and compiles on the device at plan time, outside the timed runs).
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
-# falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, BUDGET, STEP (seconds
+# falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, CHECK_FIRST, BUDGET, STEP (seconds
 # per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for `prepare`: BUILD,
 # the build directory (default build).
 set -uo pipefail
-usage() { sed -n 2,22p "$0"; exit 2; }
+usage() { sed -n 2,23p "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1 dir=${2%/}; shift 2
 
@@ -96,6 +97,19 @@ bench() {
   [ $rc -eq 0 ] || echo "== $log: rc $rc (see $OUT/$log.log)"
   return $rc
 }
+# The --check runs (CHECK=1): after the timing rounds, or before them with CHECK_FIRST=1 (so that a run short of
+# budget drops timing rounds rather than the checks that decide whether a variant may land at all).
+checks() {
+  for s in "${shapes[@]}"; do
+    [ -n "${CHECK_SHAPES:-}" ] && [[ " $CHECK_SHAPES " != *" $s "* ]] && continue
+    for v in "${variants[@]}"; do
+      [ -n "${CHECK_ONLY:-}" ] && [[ " $CHECK_ONLY " != *" $v "* ]] && continue
+      STEP=$(( STEP > 120 ? STEP : 120 )) bench "$v" "check_${v}_${s//,/_}" --check --repeat 2 --shape "$s" || true
+      echo "check $v $s: $(grep -E '^check' "$OUT/check_${v}_${s//,/_}.log" 2>/dev/null | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
+    done
+  done
+}
+[ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" = 1 ] && checks
 for s in "${shapes[@]}"; do
   tag=${s//,/_}
   for ((r = 1; r <= ROUNDS; ++r)); do
@@ -132,14 +146,5 @@ for v, ms, phases, n in rows:
           "  ".join("%s %.3f" % kv for kv in sorted(phases.items()))))
 EOF
 done
-if [ "${CHECK:-0}" = 1 ]; then
-  for s in "${shapes[@]}"; do
-    [ -n "${CHECK_SHAPES:-}" ] && [[ " $CHECK_SHAPES " != *" $s "* ]] && continue
-    for v in "${variants[@]}"; do
-      [ -n "${CHECK_ONLY:-}" ] && [[ " $CHECK_ONLY " != *" $v "* ]] && continue
-      STEP=$(( STEP > 120 ? STEP : 120 )) bench "$v" "check_${v}_${s//,/_}" --check --repeat 2 --shape "$s" || true
-      echo "check $v $s: $(grep -E '^check' "$OUT/check_${v}_${s//,/_}.log" 2>/dev/null | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
-    done
-  done
-fi
+[ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" != 1 ] && checks
 echo "src_ab: $((SECONDS - start)) s"
