@@ -232,6 +232,8 @@ __device__ __forceinline__ int smla_warp_min_i(int v) {
 
 // An empty slot: anything outside [0, num_kv).
 __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
+// The slots of this chunk that hold top-k entries: r_chunk, or fewer in a ragged last chunk.
+__device__ __forceinline__ int smla_chunk_slots(const SmlaParams& p) { return min(p.r_chunk, p.topk_n - p.r_start); }
 
 // The slots a block of the matrix phases must run: 1 + the last slot of its token's chunk whose index is valid (0 when
 // none is). Slots after it are empty, and an empty slot's P and dS are zero, so the tiles past it change nothing
@@ -247,7 +249,7 @@ __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (un
 #if defined(__CUDACC__)
 template <int THREADS>
 __device__ __forceinline__ void smla_valid_slots_load(const SmlaParams& p, const int* topk_row, int tid, int (&k)[4]) {
-  const int n = min(p.r_chunk, p.topk_n - p.r_start);  // the chunk's slots (a ragged last chunk is shorter)
+  const int n = smla_chunk_slots(p);
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const int rr = u * THREADS + tid;
@@ -261,7 +263,7 @@ __device__ __forceinline__ void smla_valid_slots_reduce(const SmlaParams& p, con
 #pragma unroll
   for (int u = 0; u < 4; ++u)
     if (smla_valid_index(k[u], p.num_kv)) last = u * THREADS + tid;  // u grows: the last valid one
-  const int n = min(p.r_chunk, p.topk_n - p.r_start);
+  const int n = smla_chunk_slots(p);
   for (int rr = 4 * THREADS + tid; rr < n; rr += THREADS)
     if (smla_valid_index(__ldg(topk_row + rr), p.num_kv)) last = rr;
   last = __reduce_max_sync(0xffffffffu, last);
