@@ -232,6 +232,10 @@ __device__ __forceinline__ int smla_warp_min_i(int v) {
 
 // An empty slot: anything outside [0, num_kv).
 __device__ __forceinline__ bool smla_valid_index(int k, int num_kv) { return (unsigned)k < (unsigned)num_kv; }
+// Token t's indices of this chunk: topk[t, r_start ..].
+__device__ __forceinline__ const int* smla_topk_row(const SmlaParams& p, int t) {
+  return p.topk + (long long)t * p.topk_st + p.r_start;
+}
 // The slots of this chunk that hold top-k entries: r_chunk, or fewer in a ragged last chunk.
 __device__ __forceinline__ int smla_chunk_slots(const SmlaParams& p) { return min(p.r_chunk, p.topk_n - p.r_start); }
 

@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
 
   // The tiles run: those up to the token's last valid slot of the chunk (smla_valid_slots_*), its indices loaded
   // before the copies below and reduced after them; the count is known after the first barrier (tile 0's land()).
-  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+  const int* topk_row = smla_topk_row(p, t);
   int kvs[4];
   smla_valid_slots_load<DKW_THREADS>(p, topk_row, threadIdx.x, kvs);
   dkw_load_b(p, sB, t, d0);
@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(DKW_BLOCK_THREADS, 1) smla_dkv_inte
       smla_cp_async_commit();
     }
   } else {
-    const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+    const int* topk_row = smla_topk_row(p, t);
     int kvs[4];
     smla_valid_slots_load<256>(p, topk_row, threadIdx.x, kvs);
     smla_valid_slots_reduce<256>(p, topk_row, threadIdx.x, kvs, s_last);

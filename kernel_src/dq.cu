@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
   const int wm = warp % DQ_MT, wn = warp / DQ_MT;
   const int r_chunk = p.r_chunk;
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
-  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+  const int* topk_row = smla_topk_row(p, t);
 
   // Q and dO of the block's heads, once.
   for (int i = threadIdx.x; i < BLOCK_H * (SMLA_D / 8); i += DQ_THREADS) {

@@ -76,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) smla_dq(SmlaParams p) {
   const int c16 = lane % 16, kg = (lane / 16) * AMD_KPL;  // fragment row/column, k offset
   const int r_chunk = p.r_chunk;
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
-  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+  const int* topk_row = smla_topk_row(p, t);
 
   // Q and dO fragments of this wave's 16 heads, for the whole of K = D.
   amd_frag qf[SMLA_D / AMD_K], df[SMLA_D / AMD_K];

@@ -268,7 +268,7 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, int n_
   int g = 0;
   for (int blk = blockIdx.x, it = 0; blk < n_blocks; blk += gridDim.x, ++it) {
     const int t = blk % p.T, h0 = (blk / p.T) * 64;
-    const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+    const int* topk_row = smla_topk_row(p, t);
     if (it > 0) smla_mbar_wait(qfree, (it - 1) & 1);
     dqw_load_qdo(p, sQ, sDO, t, h0, tp, 128);
     smla_cp_async_commit();
@@ -306,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   const int warp = tw / 32, lane = tw % 32;
   const int r_chunk = p.r_chunk;
 #if !DQW_PERSIST
-  const int* topk_row = p.topk + (long long)t * p.topk_st + p.r_start;
+  const int* topk_row = smla_topk_row(p, t);
 #endif
 #if DQW_SKIP
   const int n_chunk_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
