@@ -15,17 +15,16 @@
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
 #       narrow that to the variants and shapes named; CHECK_FIRST=1 runs them before the timing. Logs in $OUT
 #       (default /tmp/out); BUDGET seconds (default 400) bound the whole run: what would pass it is skipped and says
-#       so. ARGS: more smla-bench options
-#       for every run and check (e.g. ARGS="--dq-impl 3,4": each process then times both bodies on the same
-#       tensors, and the table has a row per variant and body; a body the planner would not choose is not in the
-#       warmed cache and compiles on the device at plan time, outside the timed runs).
+#       so. ARGS: more smla-bench options for every run and check (e.g. ARGS="--dq-impl 3,4": each process then
+#       times both bodies on the same tensors, and the table has a row per variant and body; a body the planner
+#       would not choose is not in the warmed cache and compiles on the device at plan time, outside the timed runs).
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
-# falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, CHECK_FIRST, BUDGET, STEP (seconds
-# per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for `prepare`: BUILD,
-# the build directory (default build).
+# falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, CHECK_FIRST, BUDGET, STEP
+# (seconds per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for
+# `prepare`: BUILD, the build directory (default build).
 set -uo pipefail
-usage() { sed -n 2,23p "$0"; exit 2; }
+usage() { sed -n 2,25p "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1 dir=${2%/}; shift 2
 
