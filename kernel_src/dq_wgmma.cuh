@@ -204,6 +204,7 @@ __device__ __forceinline__ void dqw_sync() { smla_named_sync<1, DQW_THREADS>(); 
 #define DQW_REGS_PRODUCER (DQW_PERSIST ? 88 : 56)
 #endif
 static_assert(smla_setmaxnreg_fits(2, DQW_REGS_CONSUMER, DQW_REGS_PRODUCER), "setmaxnreg: more than the block's registers");
+#define DQW_PROD_THREADS 128  // the producer warpgroup
 #define DQW_PROD_ROWS (BLOCK_R / 2)  // kv rows a producer thread copies a piece of: rows 16 (tp / 64) + j
 
 // Producer thread tp's indices of tile `tile`: rows 16 (tp / 64) + j; -1 past the chunk or the top-k.
@@ -241,13 +242,13 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
                                              int* sFlag, unsigned full0, unsigned empty0, int* s_last) {
   const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
   int kvs[4];
-  smla_valid_slots_load<128>(p, topk_row, tp, kvs);
+  smla_valid_slots_load<DQW_PROD_THREADS>(p, topk_row, tp, kvs);
   int k[DQW_PROD_ROWS];
   dqw_prod_idx(p, topk_row, 0, k);
   dqw_produce_tile(p, topk_row, k, 0, n_chunk_tiles, 0, c, rbase, akv0, sFlag, empty0);
-  smla_valid_slots_reduce<128>(p, topk_row, tp, kvs, s_last);
-  smla_named_sync<2, 128>();
-  const int n_tiles = (smla_valid_slots_end<4>(s_last) + BLOCK_R - 1) / BLOCK_R;
+  smla_valid_slots_reduce<DQW_PROD_THREADS>(p, topk_row, tp, kvs, s_last);
+  smla_named_sync<2, DQW_PROD_THREADS>();
+  const int n_tiles = (smla_valid_slots_end<DQW_PROD_THREADS / 32>(s_last) + BLOCK_R - 1) / BLOCK_R;
   smla_cp_async_announce<0>(full0);  // tile 0: this thread's copies and zero rows, for wgmma
   for (int tile = 1; tile < n_tiles; ++tile) {
     dqw_produce_tile(p, topk_row, k, tile, n_tiles, tile, c, rbase, akv0, sFlag, empty0);
@@ -310,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
 #if DQW_SKIP
   const int n_chunk_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
-  __shared__ int s_last_prod[4], s_last_cons[DQW_THREADS / 32];
+  __shared__ int s_last_prod[DQW_PROD_THREADS / 32], s_last_cons[DQW_THREADS / 32];
 #else
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
 #endif
