@@ -31,7 +31,8 @@ extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_keys(SmlaPara
 }
 
 // Position i (0..n) writes the j in (key[i-1], key[i]] (key[-1] = -1, key[n] = num_kv + 1):
-// each j exactly once, no atomics. The same rule as csr.cu's rowptr.
+// each j exactly once, no atomics. csr.cu's rowptr keeps the rule over the valid items only (its
+// first pass drops the empty slots; row_ptr[num_kv] holds their count).
 extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_rowptr(SmlaParams p) {
   const int n = p.T * p.r_chunk;
   const long long i = (long long)blockIdx.x * CSR_THREADS + threadIdx.x;

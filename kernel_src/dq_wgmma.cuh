@@ -126,6 +126,14 @@ __device__ __forceinline__ float dqw_delta_dot(const uint4 (&o)[2], const char* 
   return sum;
 }
 
+// Four 8 x 8 bf16 blocks from fragment registers (w[m]: the two elements of row lane / 4, columns 2 (lane % 4), + 1,
+// of block m) into shared memory transposed: row j of block m (its column j) at the address lane 8 m + j gives.
+__device__ __forceinline__ void dqw_stmatrix_x4_trans(unsigned addr, const unsigned (&w)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]),
+               "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
 // columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
 __device__ __forceinline__ void dqw_load_qdo(const SmlaParams& p, char* sQ, char* sDO, int t, int h0, int first,
@@ -572,16 +580,27 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
           pe[r] = smla_ex2_ftz(valid[2 * (r >> 2) + (r & 1)] ? fmaf(s_, sl2, -(half ? lb : la))
                                                                : -__int_as_float(0x7f800000));
         }
+        // The warp's 8 x 8 blocks m = 2 (i - i0) + half (heads 16 warp + 8 half .., slots 8 i ..): this thread's pair
+        // of slots 8 i + 2 (lane % 4) + e of head hl_a / hl_b is element r = 2 m + e, one bf16x2 word a block, which
+        // is stmatrix's fragment layout; .trans stores each block's columns (slots) as the rows of sP / sDS
+        // ([slot][head], 16 bytes of 8 heads a row). Lane 8 m + j gives the address of block m's slot row j.
+        unsigned wpm[4], wds[4];
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int i = i0 + (r >> 2), half = (r >> 1) & 1, e = r & 1;
-          const int col = 8 * i + 2 * (lane % 4) + e;
-          const float dp_ = wg == 0 ? other[r] : sd[8 + r];
-          const float dv = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
-          const unsigned so = smla_swz128(col, half ? hl_b : hl_a);
-          *reinterpret_cast<smla_bf16*>(sP + so) = smla_f2bf_rn(pe[r]);
-          *reinterpret_cast<smla_bf16*>(sDS + so) = smla_f2bf_rn(dv);
+        for (int m = 0; m < 4; ++m) {
+          float dv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 2 * m + e, half = m & 1;
+            const float dp_ = wg == 0 ? other[r] : sd[8 + r];
+            dv[e] = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
+          }
+          wpm[m] = smla_pack_bf2_rn(pe[2 * m], pe[2 * m + 1]);
+          wds[m] = smla_pack_bf2_rn(dv[0], dv[1]);
         }
+        const int mb = lane >> 3;
+        const unsigned so = smla_swz128(8 * (i0 + (mb >> 1)) + (lane & 7), 16 * warp + 8 * (mb & 1));
+        dqw_stmatrix_x4_trans(smla_smem_addr(sP) + so, wpm);
+        dqw_stmatrix_x4_trans(smla_smem_addr(sDS) + so, wds);
       }
       smla_fence_proxy_async();  // both wrote dS
       DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
