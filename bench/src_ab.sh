@@ -9,7 +9,7 @@
 #       shapes with smla-warmup (which compiles the tree: a variant that does not compile fails here, not on
 #       the device). Default shape: the seed.
 #   device:         bench/src_ab.sh run DIR        (from the repository root, DIR carried)
-#       per shape, ROUNDS rounds (default 2) in which every variant runs once, each its own smla-bench process
+#       ROUNDS rounds (default 2), in each of which every variant runs once per shape, each its own smla-bench process
 #       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
 #       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
@@ -109,11 +109,15 @@ checks() {
   done
 }
 [ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" = 1 ] && checks
+# Round-major: every shape's round r before any shape's round r + 1, so that a budget too short for all the rounds
+# drops the last rounds of every shape rather than every round of the last shapes.
+for ((r = 1; r <= ROUNDS; ++r)); do
+  for s in "${shapes[@]}"; do
+    for v in "${variants[@]}"; do bench "$v" "${v}_${s//,/_}_r$r" --json --breakdown --gemm-n 1024 --repeat "$REPEAT" --shape "$s"; done
+  done
+done
 for s in "${shapes[@]}"; do
   tag=${s//,/_}
-  for ((r = 1; r <= ROUNDS; ++r)); do
-    for v in "${variants[@]}"; do bench "$v" "${v}_${tag}_r$r" --json --breakdown --gemm-n 1024 --repeat "$REPEAT" --shape "$s"; done
-  done
   python3 - "$OUT" "$tag" "$ROUNDS" "${variants[@]}" <<'EOF'
 import json, statistics, sys
 out, tag, rounds, variants = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
