@@ -269,6 +269,35 @@ TEST(Warmup, DkvBodyFollowsTargetAndTunedConfig) {
   EXPECT_NE(t90a[0].find("BLOCK_R64-BLOCK_D256"), std::string::npos) << t90a[0];
 }
 
+// smla-tune may now store dq_impl 4 (the persistent producer body; faster than 3 at small top-k): warming from the
+// tuning database compiles that body, not the planner's dq_impl 3.
+TEST(Warmup, TunedPersistentDqBodyIsWarmed) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path + "/aot";
+  o.dry_run = true;
+  o.tuning_db = scratch.path + "/tuning.json";
+  auto dq_tags = [&](bool use_db) {
+    o.use_tuning_db = use_db;
+    const WarmupResult r = warm_kernels({seed_problem()}, {"sm_90a"}, o);
+    EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
+    std::vector<std::string> tags;
+    for (const auto& it : r.items)
+      if (it.kernel == "dq") tags.push_back(it.tag);
+    return tags;
+  };
+  const auto heuristic = dq_tags(false);
+  ASSERT_EQ(heuristic.size(), 1u);
+  EXPECT_NE(heuristic[0].find("DQW_PRODUCER1"), std::string::npos) << heuristic[0];
+  EXPECT_EQ(heuristic[0].find("DQW_PERSIST1"), std::string::npos) << heuristic[0];
+  TuningEntry e;
+  e.config.dq_impl = 4;
+  TuningDb(o.tuning_db).store("sm_90a", seed_problem(), e);
+  const auto tuned = dq_tags(true);
+  ASSERT_EQ(tuned.size(), 1u);
+  EXPECT_NE(tuned[0].find("DQW_PERSIST1"), std::string::npos) << "the tuned dq_impl = 4 was not applied: " << tuned[0];
+}
+
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
   TempDir scratch;
   WarmupOptions o;

@@ -108,8 +108,8 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
   for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
     if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
-    for (int impl : {3, 2, 1})   // dq body: wgmma with and without a producer (sm_90a only; one tile, 64 x 32), mma.sync
-                                 // (not dq_impl 4, the persistent form: measured no faster than 3, perf notes v12)
+    for (int impl : {3, 2, 4, 1})  // dq body: wgmma with and without a producer (sm_90a only; one tile, 64 x 32), the
+                                   // producer body persistent (faster than 3 only at small top-k: perf notes v15), mma.sync
       for (int dimpl : {3, 2, 1})  // dkv body: wgmma with and without a producer (sm_90a, H % 32 == 0; only their
                                      // 64 x 256 tile passes), mma.sync
         for (int bh : {16, 32, 64})
