@@ -108,8 +108,9 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
   for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
     if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
-    for (int impl : {3, 2, 4, 1})  // dq body: wgmma with and without a producer (sm_90a only; one tile, 64 x 32), the
-                                   // producer body persistent (faster than 3 only at small top-k: perf notes v15), mma.sync
+    for (int impl : {3, 4, 2, 1})  // dq body: wgmma with a producer, the same persistent (faster than 3 only at small
+                                   // top-k: perf notes v15), wgmma without a producer (sm_90a only; one tile, 64 x 32),
+                                   // mma.sync
       for (int dimpl : {3, 2, 1})  // dkv body: wgmma with and without a producer (sm_90a, H % 32 == 0; only their
                                      // 64 x 256 tile passes), mma.sync
         for (int bh : {16, 32, 64})
