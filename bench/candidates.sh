@@ -11,15 +11,18 @@
 #       longer applies, or a tree that does not compile for sm_90a, fails here. Run from the repository root
 #       (BUILD: the build directory, as for src_ab.sh).
 #   device:         bash bench/src_ab.sh run DIR     (CHECK=1: --check every variant; see src_ab.sh)
+#   PATCH_DIR=bench/probes: the same for the probes there (knock-outs that time a piece of a kernel by leaving it out;
+#       their results are wrong by design: never CHECK=1, never landed; bench/probes/README.md).
 #
 # A candidate that measures faster goes into kernel_src/ in its own commit and its patch is deleted; one that does
 # not is deleted too, with its numbers in docs/perf-notes.md.
 set -uo pipefail
-usage() { sed -n 2,16p "$0"; exit 2; }
+usage() { sed -n 2,18p "$0"; exit 2; }
 [ "${1:-}" = prepare ] && [ $# -ge 2 ] || usage
 dir=${2%/}
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
+patch_dir=${PATCH_DIR:-bench/candidates}
 shapes=() names=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,14 +32,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#names[@]} -eq 0 ]; then
-  for f in "$root"/bench/candidates/*.patch; do [ -e "$f" ] && names+=("$(basename "$f" .patch)"); done
+  for f in "$root/$patch_dir"/*.patch; do [ -e "$f" ] && names+=("$(basename "$f" .patch)"); done
 fi
-[ ${#names[@]} -gt 0 ] || { echo "candidates: no patches in bench/candidates/" >&2; exit 1; }
+[ ${#names[@]} -gt 0 ] || { echo "candidates: no patches in $patch_dir/" >&2; exit 1; }
 trees=$(mktemp -d /tmp/candidates.XXXXXX) || exit 1
 trap 'rm -rf "$trees"' EXIT
 variants=(main=-)
 for n in "${names[@]}"; do
-  f=$root/bench/candidates/$n.patch
+  f=$root/$patch_dir/$n.patch
   [ -f "$f" ] || { echo "candidates: no $f" >&2; exit 1; }
   mkdir -p "$trees/$n" && cp -r "$root/kernel_src" "$trees/$n/" || exit 1
   # A patch may carry the test or host hunks that must land with it: the whole of it must apply to the checkout,
