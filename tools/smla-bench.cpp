@@ -316,8 +316,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "random seed of the inputs");
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
-                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (faster than 3 only at small top-k) (several: "
-                 "timed in alternating rounds, each with its ratio to the first)")
+                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (faster than 3 only at small "
+                 "top-k) (several: timed in alternating rounds, each with its ratio to the first)")
       ->delimiter(',')
       ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));
   app.add_option("--dkv-impl", o.dkv_impls,
