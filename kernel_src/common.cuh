@@ -127,6 +127,14 @@ __device__ __forceinline__ void smla_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// smla_pack_bf2 in one instruction (sm_80+): round to nearest even, the same bits for every
+// finite value and infinities (a NaN stays a NaN, its payload may differ).
+__device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+  return r;
+}
+
 // One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1, at the end of a chunk (HEADS: H): with several
 // chunks, the carry through dq_acc (the chunk before added in; kept for the next one unless this chunk is the last);
 // at the last chunk, the bf16 output.
@@ -144,7 +152,8 @@ __device__ __forceinline__ void smla_dq_store_pair(const SmlaParams& p, int t, i
       return;
     }
   }
-  *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2(v0, v1);
+  // One cvt a pair: the integer rounding of smla_pack_bf2 was ~10 instructions a pair, 64 pairs a thread a block.
+  *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2_rn(v0, v1);
 }
 __device__ __forceinline__ void smla_st_shared_zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
@@ -179,13 +188,6 @@ __device__ __forceinline__ smla_bf16 smla_f2bf_rn(float f) {
   unsigned short r;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
   return (smla_bf16)r;
-}
-// smla_pack_bf2 in one instruction (sm_80+): round to nearest even, the same bits for every
-// finite value and infinities (a NaN stays a NaN, its payload may differ).
-__device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
-  return r;
 }
 
 // 2^x in one instruction (MUFU.EX2), results below 2^-126 flushed to zero: exp2f adds a range check
