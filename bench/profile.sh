@@ -41,13 +41,20 @@ cat "$work/sustained.log"
 # Samples above 600 W: the sustained part of the run.
 python3 - "$work/smi.csv" <<'PY' | tee "$work/clocks.txt"
 import sys
+def num(x, base=10):
+    try:
+        return int(x.strip(), 16) if base == 16 else float(x)
+    except ValueError:  # "[N/A]" and the like
+        return 0
 rows = [l.split(",") for l in open(sys.argv[1]) if l.count(",") >= 6]
-hot = [r for r in rows if float(r[3] or 0) > 600]
-if not hot:
-    print("clocks: no sample above 600 W")
+hot = [r for r in rows if num(r[3]) > 600]
+if not rows:
+    print("clocks: nvidia-smi gave no samples")
+elif not hot:
+    print(f"clocks: none of {len(rows)} samples above 600 W")
 else:
-    c = sorted(int(float(r[1])) for r in hot)
-    cap = sum(1 for r in hot if int(r[6].strip(), 16) & 0x4)
+    c = sorted(int(num(r[1])) for r in hot)
+    cap = sum(1 for r in hot if num(r[6], 16) & 0x4)
     print(f"clocks: {len(hot)} of {len(rows)} samples above 600 W, median SM clock {c[len(c) // 2]} MHz "
           f"(min {c[0]}, max {c[-1]}), {cap} with the software power cap")
 PY
