@@ -21,10 +21,9 @@
 #include <cstdlib>
 #include <vector>
 
-__device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+#include "common.cuh"  // smla_smem_addr, the cp.async wrappers, smla_pack_bf2_rn
 #include "wgmma.cuh"
+#include "sm90_sync.cuh"  // smla_named_sync
 
 constexpr int kKvRows = 8192;  // rows of 1 KB in the kv table (8 MB: L2-resident, like dq's kv)
 
@@ -50,13 +49,10 @@ __device__ __forceinline__ void dq_mma(float (&d)[N / 2], unsigned long long da,
   if constexpr (N == 256) smla_wgmma_m64n256k16<1, 1>(d, da, db, 1);
 }
 
-__device__ __forceinline__ void cp16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-  return r;
+// Eight floats as eight bf16 in 16 bytes.
+__device__ __forceinline__ uint4 pack8(const float* v) {
+  return make_uint4(smla_pack_bf2_rn(v[0], v[1]), smla_pack_bf2_rn(v[2], v[3]), smla_pack_bf2_rn(v[4], v[5]),
+                    smla_pack_bf2_rn(v[6], v[7]));
 }
 
 // The 32 kv rows of tile `tile` (D columns each) into a buffer, swizzled as dq's: every thread its 16-byte pieces.
@@ -69,7 +65,8 @@ __device__ __forceinline__ void load_kv(unsigned buf, const uint4* kv, int blk, 
     const int i = threadIdx.x + 256 * j, row = i / (D / 8), piece = i % (D / 8);
     const unsigned r = (unsigned)(blk * 7919 + tile * 104729 + row * 15485863) % kKvRows;
     const int chunk = piece / 8, p8 = piece % 8;
-    cp16(buf + chunk * C::kKvChunk + row * 128 + ((p8 ^ (row & 7)) << 4), kv + (size_t)r * 64 + piece);
+    smla_cp_async16_zfill(buf + chunk * C::kKvChunk + row * 128 + ((p8 ^ (row & 7)) << 4), kv + (size_t)r * 64 + piece,
+                          true);
   }
 }
 
@@ -88,7 +85,7 @@ __global__ void __launch_bounds__(256, Cfg<D>::kCtasPerSm)
   float o_sum = 0.f;
   if (io) {  // Q and dO into shared memory (cp.async), O into registers (16-byte loads), as dq's block start
     const uint4* src = in + (size_t)blk * 3 * C::kOpPieces;
-    for (int i = threadIdx.x; i < 2 * C::kOpPieces; i += 256) cp16(base + i * 16, src + i);
+    for (int i = threadIdx.x; i < 2 * C::kOpPieces; i += 256) smla_cp_async16_zfill(base + i * 16, src + i, true);
     uint4 ov[C::kOpPieces / 256];
 #pragma unroll
     for (int j = 0; j < C::kOpPieces / 256; ++j) ov[j] = __ldg(src + 2 * C::kOpPieces + threadIdx.x + 256 * j);
@@ -96,13 +93,13 @@ __global__ void __launch_bounds__(256, Cfg<D>::kCtasPerSm)
     for (int j = 0; j < C::kOpPieces / 256; ++j) o_sum += __uint_as_float(ov[j].x & 0xffff0000u);
   }
   load_kv<D>(akv0, kv, blk, 0);
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  smla_cp_async_commit();
   float acc[C::kDqN / 2];
 #pragma unroll
   for (int j = 0; j < C::kDqN / 2; ++j) acc[j] = 0.f;
   for (int tile = 0; tile < tiles; ++tile) {
     const unsigned akv = akv0 + (tile & 1) * C::kKvBytes;
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    smla_cp_async_wait<0>();
     smla_fence_proxy_async();
     __syncthreads();  // this tile landed (and, at tile 0, Q and dO); the other buffer is free
     float sd[16];
@@ -118,12 +115,12 @@ __global__ void __launch_bounds__(256, Cfg<D>::kCtasPerSm)
     }
     smla_wgmma_commit();
     if (tile + 1 < tiles) load_kv<D>(akv0 + ((tile + 1) & 1) * C::kKvBytes, kv, blk, tile + 1);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    smla_cp_async_commit();
     smla_wgmma_wait<0>();
     smla_fence_regs(sd);
     // The element stage's stand-in: dS (from S/dP's values) into shared memory, P and dS to global memory.
-    asm volatile("bar.sync 1, 256;" ::: "memory");
-    const uint4 w = make_uint4(pack2(sd[0], sd[1]), pack2(sd[2], sd[3]), pack2(sd[4], sd[5]), pack2(sd[6], sd[7]));
+    smla_named_sync<1, 256>();
+    const uint4 w = pack8(sd);
     *reinterpret_cast<uint4*>(smem + (ads - base) + threadIdx.x * 16) = w;
     if (io) {
       uint4* dst = pds + ((size_t)blk * tiles + tile) * (C::kPdsBytes / 16);
@@ -131,7 +128,7 @@ __global__ void __launch_bounds__(256, Cfg<D>::kCtasPerSm)
       for (int j = 0; j < C::kPdsBytes / 16 / 256; ++j) dst[threadIdx.x + 256 * j] = w;
     }
     smla_fence_proxy_async();
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    smla_named_sync<1, 256>();
     smla_fence_regs(acc);
     smla_wgmma_fence();
 #pragma unroll
@@ -149,8 +146,7 @@ __global__ void __launch_bounds__(256, Cfg<D>::kCtasPerSm)
     uint4* dst = out + (size_t)blk * (C::kOutBytes / 16);
 #pragma unroll
     for (int j = 0; j < C::kOutBytes / 16 / 256; ++j)
-      dst[threadIdx.x + 256 * j] = make_uint4(pack2(acc[8 * j], acc[8 * j + 1]), pack2(acc[8 * j + 2], acc[8 * j + 3]),
-                                              pack2(acc[8 * j + 4], acc[8 * j + 5]), pack2(acc[8 * j + 6], acc[8 * j + 7]));
+      dst[threadIdx.x + 256 * j] = pack8(acc + 8 * j);
   } else {
     float s = o_sum;
 #pragma unroll
