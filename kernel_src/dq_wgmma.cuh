@@ -127,11 +127,18 @@ __device__ __forceinline__ float dqw_delta_dot(const uint4 (&o)[2], const char* 
 }
 
 // Four 8 x 8 bf16 blocks from fragment registers (w[m]: the two elements of row lane / 4, columns 2 (lane % 4), + 1,
-// of block m) into shared memory transposed: row j of block m (its column j) at the address lane 8 m + j gives.
-__device__ __forceinline__ void dqw_stmatrix_x4_trans(unsigned addr, const unsigned (&w)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]),
-               "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
+// of block m) into shared memory: row j of block m at the address lane 8 m + j gives; TRANS: transposed (row j of
+// the stored block is column j of block m).
+template <bool TRANS>
+__device__ __forceinline__ void dqw_stmatrix_x4(unsigned addr, const unsigned (&w)[4]) {
+  if constexpr (TRANS)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]),
+                 "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]),
+                 "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
 }
 
 // Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
@@ -599,8 +606,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         }
         const int mb = lane >> 3;
         const unsigned so = smla_swz128(8 * (i0 + (mb >> 1)) + (lane & 7), 16 * warp + 8 * (mb & 1));
-        dqw_stmatrix_x4_trans(smla_smem_addr(sP) + so, wpm);
-        dqw_stmatrix_x4_trans(smla_smem_addr(sDS) + so, wds);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sP) + so, wpm);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sDS) + so, wds);
       }
       smla_fence_proxy_async();  // both wrote dS
       DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
@@ -636,11 +643,48 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #undef DQW_SYNC
 
     // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
+#if !DQW_PERSIST
+    if (p.n_chunks == 1) {
+      // One chunk: the bf16 dQ half of this warpgroup (64 heads x 256 columns) through its own S/dP operand buffer
+      // (sQ for warpgroup 0, sDO for 1: neither is read again in this block once the last S/dP wgmma was waited for,
+      // and the other warpgroup never reads it), with stmatrix, then to global memory in 16-byte pieces, a warp one
+      // head's 512 contiguous bytes an instruction. Rows of 512 bytes, the 16-byte piece j of row r at j ^ (r % 8):
+      // stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
+      // lane into 8 rows) held the epilogue at the SM's store path: stored into 8 MB that stay in L2 they cost as
+      // much, and leaving them out saved 0.11-0.17 ms of dq (perf notes v16).
+      char* stage = wg == 0 ? sQ : sDO;
+      const unsigned st0 = smla_smem_addr(stage);
+      const int mb = lane >> 3;                           // stmatrix: block of this lane's address
+      const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // its row (head in the block)
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
+      for (int i = 0; i < 32; i += 2) {
+        const unsigned w[4] = {smla_pack_bf2_rn(acc[4 * i], acc[4 * i + 1]),
+                               smla_pack_bf2_rn(acc[4 * i + 2], acc[4 * i + 3]),
+                               smla_pack_bf2_rn(acc[4 * i + 4], acc[4 * i + 5]),
+                               smla_pack_bf2_rn(acc[4 * i + 6], acc[4 * i + 7])};
+        const int piece = i + (mb >> 1);                  // 16-byte piece (8 columns) of the row
+        dqw_stmatrix_x4<false>(st0 + sr * 512 + ((piece ^ (sr & 7)) << 4), w);
+      }
+      if (wg == 0)
+        smla_named_sync<3, 128>();
+      else
+        smla_named_sync<4, 128>();
+      smla_bf16* dst = p.dq + t * p.dq_st + h0 * p.dq_sh + 256 * wg + 8 * lane;
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
-                                  acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+      for (int k = 0; k < 16; ++k) {
+        const int r = warp + 4 * k;
+        *reinterpret_cast<uint4*>(dst + r * p.dq_sh) =
+            *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r & 7)) << 4));
+      }
+    } else
+#endif
+    {
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
+                                    acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+    }
   }  // the block (the persistent body: the blocks of this CTA)
 }
