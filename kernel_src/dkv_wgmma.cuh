@@ -51,31 +51,47 @@ static_assert(DKW_BBYTES + 3 * DKW_ASLOT + DKW_BARS + 1024 == smla_dkv_wgmma_sme
 SMLA_CHECK_SMEM(smla_dkv_wgmma_smem_bytes(HEADS, DKW_PRODUCER));
 
 // Rows [tile * 64, +64) of the chunk's [ds | pm] into the A buffer at `sa`; rows past the chunk are zero. The
-// calling threads are first, first + stride, ... (every thread of the block, or the producer warpgroup's).
+// calling threads are first, first + stride, ... (every thread of the block, or the producer warpgroup's; stride a
+// multiple of a row's 2H / 8 pieces), so a thread copies the same 16-byte piece c of every stride / (2H / 8)-th row:
+// its source column, destination chunk and (row % 8 being fixed when the step is a multiple of 8) swizzle are
+// computed once, not per piece (the per-piece index arithmetic was a fifth of dkv_interm's samples: perf notes v17).
 __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t, int tile, int first = threadIdx.x,
                                            int stride = DKW_THREADS) {
   constexpr int PIECES = DKW_K / 8, HALF = HEADS / 8;  // 16-byte pieces of a row; of its ds half
-  for (int i = first; i < 64 * PIECES; i += stride) {
-    const int row = i / PIECES, c = i % PIECES;
-    const int rr = tile * 64 + row;
-    char* dst = sa + (c >> 3) * DKW_ACHUNK + smla_swz128(row, (c & 7) * 8);
-    if (rr < p.r_chunk) {
-      const long long base = ((long long)t * p.r_chunk + rr) * HEADS;
-      smla_cp_async16(dst, c < HALF ? p.ds + base + c * 8 : p.pm + base + (c - HALF) * 8);
-    } else {
-      smla_st_shared_zero16(dst);
-    }
+  const int c = first % PIECES, rstep = stride / PIECES, row0 = first / PIECES;
+  const smla_bf16* src = (c < HALF ? p.ds + c * 8 : p.pm + (c - HALF) * 8) +
+                         ((long long)t * p.r_chunk + tile * 64 + row0) * HEADS;
+  char* dst = sa + (c >> 3) * DKW_ACHUNK + row0 * 128;
+  const int rows = p.r_chunk - tile * 64 - row0;  // rows of the chunk from row0 on
+#pragma unroll
+  for (int n = 0; n < 64 / rstep; ++n) {
+    const int row = row0 + n * rstep;
+    char* d = dst + n * rstep * 128 + ((((c & 7) ^ row) & 7) << 4);
+    if (n * rstep < rows)
+      smla_cp_async16(d, src + (long long)n * rstep * HEADS);
+    else
+      smla_st_shared_zero16(d);
   }
 }
 
-// B = [q ; dout], columns d0 .. d0 + 255 of token t, into `sb`: row k = head (q) or H + head (dout). Threads as
-// in dkw_load_a.
+// B = [q ; dout], columns d0 .. d0 + 255 of token t, into `sb`: row k = head (q) or H + head (dout); rows
+// [kb, ke) of it (all by default; a range within q's rows or dout's, except the whole). Threads as in dkw_load_a
+// (stride a multiple of 32): a thread copies piece c = first % 32 of every stride / 32-th row.
 __device__ __forceinline__ void dkw_load_b(const SmlaParams& p, char* sb, int t, int d0, int first = threadIdx.x,
-                                           int stride = DKW_THREADS) {
-  for (int i = first; i < DKW_K * 32; i += stride) {
-    const int k = i / 32, c = i % 32;  // c: 16-byte piece of the 512-byte row
-    const smla_bf16* src = k < HEADS ? p.q + t * p.q_st + k * p.q_sh : p.dout + t * p.do_st + (k - HEADS) * p.do_sh;
-    smla_cp_async16(sb + (c >> 3) * DKW_BCHUNK + smla_swz128(k, (c & 7) * 8), src + d0 + c * 8);
+                                           int stride = DKW_THREADS, int kb = 0, int ke = DKW_K) {
+  const int c = first % 32, kstep = stride / 32, k0 = first / 32;
+  char* dst = sb + (c >> 3) * DKW_BCHUNK;
+  const smla_bf16* q = p.q + t * p.q_st + k0 * p.q_sh + d0 + c * 8;
+  const smla_bf16* dout = p.dout + t * p.do_st + k0 * p.do_sh + d0 + c * 8;
+  for (int half = 0; half < 2; ++half) {
+    const int lo = max(kb, half * HEADS), hi = min(ke, (half + 1) * HEADS);  // this half's rows of the range
+    const smla_bf16* src = half ? dout + (lo - HEADS) * p.do_sh : q + lo * p.q_sh;
+    const long long sh = half ? p.do_sh : p.q_sh;
+#pragma unroll 4
+    for (int n = 0; n < (hi - lo) / kstep; ++n) {
+      const int k = lo + k0 + n * kstep;
+      smla_cp_async16(dst + k * 128 + ((((c & 7) ^ k) & 7) << 4), src + n * kstep * sh);
+    }
   }
 }
 
@@ -107,17 +123,22 @@ __device__ __forceinline__ void dkw_store_tile(const SmlaParams& p, const float 
   }
 }
 
-// Issue (not wait for) D = A_tile (64 x 2H, K-major, at `aa`) * B (2H x 128, MN-major, at `ab`) into acc.
+// Issue k-steps [K0, K1) of D = A_tile (64 x 2H, K-major, at `aa`) * B (2H x 128, MN-major, at `ab`) into acc.
 // (The first k-step ignores acc's old value: no zeroing that would touch registers of an MMA in flight.)
-__device__ __forceinline__ void dkw_mma(float (&acc)[64], unsigned aa, unsigned ab) {
-  smla_fence_regs(acc);
-  smla_wgmma_fence();
+template <int K0, int K1>
+__device__ __forceinline__ void dkw_mma_steps(float (&acc)[64], unsigned aa, unsigned ab) {
 #pragma unroll
-  for (int kk = 0; kk < DKW_K / 16; ++kk) {
+  for (int kk = K0; kk < K1; ++kk) {
     const unsigned long long da = smla_wgmma_desc(aa + (kk >> 2) * DKW_ACHUNK + (kk & 3) * 32, 16, 1024);
     const unsigned long long db = smla_wgmma_desc(ab + kk * 2048, DKW_BCHUNK, 1024);
     smla_wgmma_m64n128k16<0, 1>(acc, da, db, kk > 0);
   }
+}
+// Issue (not wait for) the whole of it.
+__device__ __forceinline__ void dkw_mma(float (&acc)[64], unsigned aa, unsigned ab) {
+  smla_fence_regs(acc);
+  smla_wgmma_fence();
+  dkw_mma_steps<0, DKW_K / 16>(acc, aa, ab);
   smla_wgmma_commit();
 }
 
@@ -145,13 +166,20 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
   const int* topk_row = smla_topk_row(p, t);
   int kvs[4];
   smla_valid_slots_load<DKW_THREADS>(p, topk_row, threadIdx.x, kvs);
-  dkw_load_b(p, sB, t, d0);
-  // Tiles 0, 1, 2 into slots 0, 1, 2: one commit group each (maybe empty), so wait<1> is "tile i + 1 has
-  // landed" when tile i + 2's group is the only one that may still be in flight. Issued for the chunk's tiles
+  // Tile 0 with B's first quarter of rows (K 0 .. H / 2 - 1), then B's other three quarters, then tiles 1 and 2
+  // (slots 1, 2): one commit group each (maybe empty), so tile 0's MMA can start on B's first quarter while the
+  // rest lands (B alone, 128 KB, is most of a block's wait: perf notes v17). In the loop, wait<1> is "tile i + 1
+  // has landed" when tile i + 2's group is the only one that may still be in flight. Issued for the chunk's tiles
   // before the run is known (a tile past it is copied and never read).
   const int n_chunk_tiles = (p.r_chunk + 63) / 64;
+  if (n_chunk_tiles > 0) dkw_load_a(p, sA, t, 0);
 #pragma unroll
-  for (int j = 0; j < 3; ++j) {
+  for (int q = 0; q < 4; ++q) {
+    dkw_load_b(p, sB, t, d0, threadIdx.x, DKW_THREADS, q * DKW_K / 4, (q + 1) * DKW_K / 4);
+    smla_cp_async_commit();
+  }
+#pragma unroll
+  for (int j = 1; j < 3; ++j) {
     if (j < n_chunk_tiles) dkw_load_a(p, sA + j * DKW_ASLOT, t, j);
     smla_cp_async_commit();
   }
@@ -172,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     smla_fence_proxy_async();  // this thread's copies and zero rows, for wgmma
     __syncthreads();           // the tile has landed for everyone; the slot of tile i - 1 is free
   };
-  smla_cp_async_wait<2>();
+  smla_cp_async_wait<5>();  // tile 0 and B's first quarter
   land();
   const int n_tiles = (smla_valid_slots_end<DKW_THREADS / 32>(s_last) + 63) / 64;
   if (n_tiles == 0) {
@@ -186,7 +214,21 @@ extern "C" __global__ void __launch_bounds__(DKW_THREADS, 1) smla_dkv_interm(Sml
     if (j + 3 < n_tiles) dkw_load_a(p, slot, t, j + 3);
     smla_cp_async_commit();
   };
-  dkw_mma(acc0, aa0, ab);
+  // Tile 0's MMA a quarter of K at a time, each quarter issued once B's rows for it have landed.
+  constexpr int KQ = DKW_K / 64;  // k-steps of a quarter
+  smla_fence_regs(acc0);
+  smla_wgmma_fence();
+  dkw_mma_steps<0, KQ>(acc0, aa0, ab);
+  smla_cp_async_wait<4>();
+  land();
+  dkw_mma_steps<KQ, 2 * KQ>(acc0, aa0, ab);
+  smla_cp_async_wait<3>();
+  land();
+  dkw_mma_steps<2 * KQ, 3 * KQ>(acc0, aa0, ab);
+  smla_cp_async_wait<2>();
+  land();
+  dkw_mma_steps<3 * KQ, 4 * KQ>(acc0, aa0, ab);
+  smla_wgmma_commit();
   smla_wgmma_wait<0>();
   smla_fence_regs(acc0);
   // Step i: tile i's MMA into `next` while tile i - 1 (in `cur`) is finished. The loop is unrolled
