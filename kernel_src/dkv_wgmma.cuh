@@ -111,15 +111,16 @@ __device__ __forceinline__ void dkw_store_tile(const SmlaParams& p, const float 
           smla_pack_bf2_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
     }
   asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // the warpgroup's staging half is written
-  // 16 bytes a thread, 16 threads a 256-byte row piece.
+  // 16 bytes a thread, 16 threads a 256-byte row piece: thread tw reads piece pc = tw % 16 of rows tw / 16 + 8 it,
+  // so its staging offset (row % 8 fixed) and interm address step by constants (no per-piece index arithmetic).
+  const int pc = tw % 16, row0 = tw / 16;
+  const char* src = so + (pc >> 3) * DKW_OCHUNK + row0 * 128 + ((((pc & 7) ^ row0) & 7) << 4);
+  smla_bf16* dst = p.interm + ((long long)t * p.r_chunk + tile * 64 + row0) * SMLA_D + d0 + 128 * wg + pc * 8;
+  const int rows = p.r_chunk - tile * 64 - row0;  // rows of the chunk from row0 on
 #pragma unroll
   for (int it = 0; it < 8; ++it) {
-    const int idx = it * 128 + tw, row = idx / 16, pc = idx % 16;
-    const int rr = tile * 64 + row;
-    if (rr < p.r_chunk) {
-      const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * DKW_OCHUNK + smla_swz128(row, (pc & 7) * 8));
-      *reinterpret_cast<uint4*>(p.interm + ((long long)t * p.r_chunk + rr) * SMLA_D + d0 + 128 * wg + pc * 8) = v;
-    }
+    if (8 * it < rows)
+      *reinterpret_cast<uint4*>(dst + 8 * it * SMLA_D) = *reinterpret_cast<const uint4*>(src + 8 * it * 128);
   }
 }
 
