@@ -10,6 +10,8 @@ FILE.csv is `ncu --import REPORT --page source --csv --print-source sass` of a r
     loop's body tiles x warps times), which tells per-tile from per-block cost;
   - regions: the SASS cut at each instruction matching a --split-at regex (e.g. 'USETMAXREG.DEALLOC' starts dq's
     producer warpgroup), each region's share of the samples with its largest execution counts;
+  - per region, the samples by opcode (the SASS mnemonic without predicate or modifiers: HGMMA, IMAD, USHF, ...),
+    each with its two main stall reasons: how much of the warps' time goes to address arithmetic, waits or MMA issue;
   - the --top instructions by samples, each with its three main stall reasons.
 Why: knock-out timings change the data the tensor cores see, and with it the power drawn and the clocks (perf notes
 v16: zeros run faster); the samples say where time goes in the kernel as it is. Samples are per warp: a region's share
@@ -60,6 +62,14 @@ def load(path):
     return out
 
 
+def opcode(sass):
+    """The mnemonic of a SASS line: '@!P1  BRA 0x60' -> 'BRA', 'HGMMA.64x32x16.F32.BF16 R152, ...' -> 'HGMMA'."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv")
@@ -81,20 +91,35 @@ def main():
             print(f"  {r:24s} {100 * v / total:6.2f}%")
 
     splits = [re.compile(s) for s in a.split_at]
-    regions = [["start", Counter()]]
+    regions = [["start", Counter(), []]]
     by_count = Counter()
     for i in ins:
         if any(s.search(i["sass"]) for s in splits):
-            regions.append([f"{i['addr']} {i['sass'][:48]}", Counter()])
+            regions.append([f"{i['addr']} {i['sass'][:48]}", Counter(), []])
         regions[-1][1][i["executed"]] += i["samples"]
+        regions[-1][2].append(i)
         by_count[i["executed"]] += i["samples"]
     print("\nsamples by how often an instruction ran (per warp; a loop body's count is its trips x warps):")
     for n, v in by_count.most_common(8):
         print(f"  {n:>12.0f}x  {100 * v / total:6.2f}%")
     print("\nregions, each with its three largest execution counts:")
-    for name, c in regions:
+    for name, c, _ in regions:
         parts = "  ".join(f"{n:.0f}x {100 * v / total:.2f}%" for n, v in c.most_common(3) if v > 0)
         print(f"  {100 * sum(c.values()) / total:6.2f}%  from {name}: {parts}")
+
+    print("\nsamples by opcode, per region (share of all samples; two main stall reasons):")
+    for name, c, members in regions:
+        ops, why = Counter(), {}
+        for i in members:
+            op = opcode(i["sass"])
+            ops[op] += i["samples"]
+            why.setdefault(op, Counter()).update(i["stalls"])
+        print(f"  from {name}:")
+        for op, v in ops.most_common(12):
+            if v <= 0:
+                break
+            main2 = " ".join(f"{r}:{100 * w / v:.0f}%" for r, w in why[op].most_common(2) if w > 0)
+            print(f"    {op:12s} {100 * v / total:6.2f}%  {main2}")
 
     print(f"\ntop {a.top} instructions by samples:")
     for i in sorted(ins, key=lambda i: -i["samples"])[:a.top]:
