@@ -75,8 +75,8 @@ __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t,
 }
 
 // B = [q ; dout], columns d0 .. d0 + 255 of token t, into `sb`: row k = head (q) or H + head (dout); rows
-// [kb, ke) of it (all by default; a range within q's rows or dout's, except the whole). Threads as in dkw_load_a
-// (stride a multiple of 32): a thread copies piece c = first % 32 of every stride / 32-th row.
+// [kb, ke) of it (all by default; kb, ke and H multiples of stride / 32). Threads as in dkw_load_a (stride a multiple
+// of 32): a thread copies piece c = first % 32 of every stride / 32-th row, q's rows of the range, then dout's.
 __device__ __forceinline__ void dkw_load_b(const SmlaParams& p, char* sb, int t, int d0, int first = threadIdx.x,
                                            int stride = DKW_THREADS, int kb = 0, int ke = DKW_K) {
   const int c = first % 32, kstep = stride / 32, k0 = first / 32;
