@@ -135,22 +135,28 @@ __device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
   return r;
 }
 
-// One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1, at the end of a chunk (HEADS: H): with several
-// chunks, the carry through dq_acc (the chunk before added in; kept for the next one unless this chunk is the last);
-// at the last chunk, the bf16 output.
+// dQ's epilogue with several chunks, in two steps a thread: first smla_dq_add_carry on every fragment pair, then
+// smla_dq_store_pair on every pair. The carry's loads must all be issued before the first store: p.dq_acc and p.dq
+// (or the pairs of p.dq_acc itself) may alias as far as the compiler knows, so a load after a store waits for it,
+// and a load-add-store a pair made 64 dependent round trips to device memory a thread a block (dq +30% at
+// 4096,128,5120,1152, perf notes v18).
+// One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1 (HEADS_: H): the carry of the chunks before
+// added in (several chunks, not the first).
+template <int HEADS_>
+__device__ __forceinline__ void smla_dq_add_carry(const SmlaParams& p, int t, int h, int d, float& v0, float& v1) {
+  if (p.n_chunks > 1 && p.chunk > 0) {
+    const float2 c = *reinterpret_cast<const float2*>(p.dq_acc + ((long long)t * HEADS_ + h) * SMLA_D + d);
+    v0 += c.x;
+    v1 += c.y;
+  }
+}
+// The same pair at the end of a chunk, the carry already added: kept in dq_acc for the next chunk unless this is
+// the last (or only) one, which writes the bf16 output.
 template <int HEADS_>
 __device__ __forceinline__ void smla_dq_store_pair(const SmlaParams& p, int t, int h, int d, float v0, float v1) {
-  if (p.n_chunks > 1) {
-    float2* carry = reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS_ + h) * SMLA_D + d);
-    if (p.chunk > 0) {
-      const float2 c = *carry;
-      v0 = c.x + v0;
-      v1 = c.y + v1;
-    }
-    if (p.chunk != p.n_chunks - 1) {
-      *carry = make_float2(v0, v1);
-      return;
-    }
+  if (p.n_chunks > 1 && p.chunk != p.n_chunks - 1) {
+    *reinterpret_cast<float2*>(p.dq_acc + ((long long)t * HEADS_ + h) * SMLA_D + d) = make_float2(v0, v1);
+    return;
   }
   // One cvt a pair: the integer rounding of smla_pack_bf2 was ~10 instructions a pair, 64 pairs a thread a block.
   *reinterpret_cast<unsigned*>(p.dq + t * p.dq_st + h * p.dq_sh + d) = smla_pack_bf2_rn(v0, v1);

@@ -199,7 +199,15 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
     }
   }
 
-  // ---- epilogue: the chunk carry (dq_acc) and the bf16 output.
+  // ---- epilogue: the chunk carry (dq_acc), every load before any store (smla_dq_add_carry), and the bf16 output.
+  if (p.n_chunks > 1 && p.chunk > 0) {
+#pragma unroll
+    for (int j = 0; j < DQ_DW / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        smla_dq_add_carry<HEADS>(p, t, h0 + (half ? hl_b : hl_a), wn * DQ_DW + j * 8 + 2 * (lane % 4),
+                                 acc[j][2 * half], acc[j][2 * half + 1]);
+  }
 #pragma unroll
   for (int j = 0; j < DQ_DW / 8; ++j)
 #pragma unroll

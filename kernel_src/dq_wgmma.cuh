@@ -642,23 +642,18 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     }
 #undef DQW_SYNC
 
-    // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4).
+    // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4). The carry
+    // of the chunks before first, every load before any store (smla_dq_add_carry).
+    if (p.n_chunks > 1 && p.chunk > 0) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          smla_dq_add_carry<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
+                                   acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+    }
 #if !DQW_PERSIST
     if (p.chunk == p.n_chunks - 1) {
-      if (p.n_chunks > 1) {
-        // The last of several chunks: the fp32 carry of the earlier ones added to acc first (what
-        // smla_dq_store_pair does a pair at a time), then the bf16 output leaves through the staging below.
-        const float* carry = p.dq_acc + ((long long)t * HEADS + h0) * SMLA_D + 256 * wg + 2 * (lane % 4);
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const float2 c =
-                *reinterpret_cast<const float2*>(carry + (long long)(half ? hl_b : hl_a) * SMLA_D + 8 * i);
-            acc[4 * i + 2 * half] += c.x;
-            acc[4 * i + 2 * half + 1] += c.y;
-          }
-      }
       // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through its own S/dP operand buffer
       // (sQ for warpgroup 0, sDO for 1: neither is read again in this block once the last S/dP wgmma was waited for,
       // and the other warpgroup never reads it), with stmatrix, then to global memory in 16-byte pieces, a warp one
