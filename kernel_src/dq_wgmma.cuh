@@ -143,6 +143,17 @@ __device__ __forceinline__ void dqw_stmatrix_x4(unsigned addr, const unsigned (&
 
 // Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
 // columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
+// f(h, d, v0, v1) on each of this thread's 64 dQ fragment pairs (v0, v1: references into acc): acc[4 i + 2 half + e] is
+// head h0 + hl_a (half 0) or hl_b (half 1), column 256 wg + 8 i + 2 (lane % 4) + e.
+template <class F>
+__device__ __forceinline__ void dqw_each_pair(float (&acc)[128], int h0, int hl_a, int hl_b, int wg, int lane, F&& f) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      f(h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4), acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
+}
+
 __device__ __forceinline__ void dqw_load_qdo(const SmlaParams& p, char* sQ, char* sDO, int t, int h0, int first,
                                              int stride) {
   for (int i = first; i < 64 * 64; i += stride) {
@@ -644,14 +655,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 
     // ---- epilogue: the chunk carry (dq_acc) and the bf16 output; columns 256 wg + 8 i + 2 (lane % 4). The carry
     // of the chunks before first, every load before any store (smla_dq_add_carry).
-    if (p.n_chunks > 1 && p.chunk > 0) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          smla_dq_add_carry<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
-                                   acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-    }
+    if (p.n_chunks > 1 && p.chunk > 0)
+      dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
+                    [&](int h, int d, float& v0, float& v1) { smla_dq_add_carry<HEADS>(p, t, h, d, v0, v1); });
 #if !DQW_PERSIST
     if (p.chunk == p.n_chunks - 1) {
       // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through its own S/dP operand buffer
@@ -687,13 +693,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       }
     } else
 #endif
-    {
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4),
-                                    acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-    }
+      dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
+                    [&](int h, int d, float& v0, float& v1) { smla_dq_store_pair<HEADS>(p, t, h, d, v0, v1); });
   }  // the block (the persistent body: the blocks of this CTA)
 }
