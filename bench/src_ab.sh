@@ -15,7 +15,9 @@
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
 #       narrow that to the variants and shapes named; CHECK_FIRST=1 runs them before the timing. Logs in $OUT
 #       (default /tmp/out); BUDGET seconds (default 400) bound the whole run: what would pass it is skipped and says
-#       so. ARGS: more smla-bench options for every run and check (e.g. ARGS="--dq-impl 3,4": each process then
+#       so; a process past STEP seconds is stopped (a timing process at 4096,128,5120,1152 takes ~45 s: STEP=90 there),
+#       and the table says why a variant has no numbers (timed out, its exit status, or skipped for the budget).
+#       ARGS: more smla-bench options for every run and check (e.g. ARGS="--dq-impl 3,4": each process then
 #       times both bodies on the same tensors, and the table has a row per variant and body; a body the planner
 #       would not choose is not in the warmed cache and compiles on the device at plan time, outside the timed runs).
 #
@@ -24,7 +26,7 @@
 # (seconds per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for
 # `prepare`: BUILD, the build directory (default build).
 set -uo pipefail
-usage() { sed -n 2,25p "$0"; exit 2; }
+usage() { sed -n 2,27p "$0"; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1 dir=${2%/}; shift 2
 
@@ -93,6 +95,7 @@ bench() {
   [ -x "$dir/bin/smla-bench-$v" ] && exe=$dir/bin/smla-bench-$v  # a variant from another build
   timeout "$STEP" env -u SMLA_KERNEL_SRC_DIR "${envs[@]}" "$exe" "${extra[@]}" "$@" > "$OUT/$log.log" 2>&1
   local rc=$?
+  echo $rc > "$OUT/$log.rc"  # for the summary: why a variant has no numbers
   [ $rc -eq 0 ] || echo "== $log: rc $rc (see $OUT/$log.log)"
   return $rc
 }
@@ -134,7 +137,14 @@ for v in variants:
             label = v if len(lines) == 1 else "%s dq%d/dkv%d" % (v, j["dq_impl"], j["dkv_impl"])
             bodies.setdefault(label, []).append(j)
     if not bodies:
-        rows.append((v, None, {}, 0)); continue
+        why = []  # the rounds' exit statuses: 124 the STEP timeout, no status at all a budget skip
+        for r in range(1, rounds + 1):
+            try:
+                rc = int(open("%s/%s_%s_r%d.rc" % (out, v, tag, r)).read())
+                why.append("timed out (STEP)" if rc == 124 else "rc %d" % rc if rc else "no JSON")
+            except (OSError, ValueError):
+                why.append("skipped (budget)")
+        rows.append((v, None, {", ".join(sorted(set(why))): 0}, 0)); continue
     for label, runs in bodies.items():
         ms = statistics.median(j["ms"] for j in runs)
         phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
@@ -144,7 +154,7 @@ for v in variants:
 print("shape %s, median over rounds (ms):" % tag.replace("_", ","))
 for v, ms, phases, n in rows:
     if ms is None:
-        print("  %-20s failed or skipped" % v); continue
+        print("  %-20s no numbers: %s" % (v, next(iter(phases)))); continue
     print("  %-20s %8.3f  x%.3f  (%d runs)  %s" % (v, ms, ms / first, n,
           "  ".join("%s %.3f" % kv for kv in sorted(phases.items()))))
 EOF
