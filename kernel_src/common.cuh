@@ -141,7 +141,8 @@ __device__ __forceinline__ unsigned smla_pack_bf2_rn(float lo, float hi) {
 // and a load-add-store a pair made 64 dependent round trips to device memory a thread a block (dq +30% at
 // 4096,128,5120,1152, perf notes v18).
 // One fragment pair (v0, v1) of dQ row (t, h), columns d and d + 1 (HEADS_: H): the carry of the chunks before
-// added in (several chunks, not the first).
+// added in (several chunks, not the first; the callers test that around their loop too, so that ptxas keeps the 64
+// loads under one branch: tested only here, it spilled).
 template <int HEADS_>
 __device__ __forceinline__ void smla_dq_add_carry(const SmlaParams& p, int t, int h, int d, float& v0, float& v1) {
   if (p.n_chunks > 1 && p.chunk > 0) {

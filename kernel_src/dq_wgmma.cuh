@@ -141,8 +141,6 @@ __device__ __forceinline__ void dqw_stmatrix_x4(unsigned addr, const unsigned (&
                  : "memory");
 }
 
-// Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
-// columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
 // f(h, d, v0, v1) on each of this thread's 64 dQ fragment pairs (v0, v1: references into acc): acc[4 i + 2 half + e] is
 // head h0 + hl_a (half 0) or hl_b (half 1), column 256 wg + 8 i + 2 (lane % 4) + e.
 template <class F>
@@ -154,6 +152,8 @@ __device__ __forceinline__ void dqw_each_pair(float (&acc)[128], int h0, int hl_
       f(h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4), acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
 }
 
+// Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
+// columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
 __device__ __forceinline__ void dqw_load_qdo(const SmlaParams& p, char* sQ, char* sDO, int t, int h0, int first,
                                              int stride) {
   for (int i = first; i < 64 * 64; i += stride) {
