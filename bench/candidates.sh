@@ -4,11 +4,12 @@
 # of anything that must land with it),
 # because branches and ignored directories have not survived from one session's checkout to the next.
 #
-#   here (no GPU):  bench/candidates.sh prepare DIR [-s T,H,NUM_KV,TOPK]... [NAME...]
+#   here (no GPU):  bench/candidates.sh prepare DIR [-s T,H,NUM_KV,TOPK]... [-a] [NAME...]
 #       applies each patch (all of them, or the NAMEs) to a copy of kernel_src/ (its kernel_src/ hunks; hunks elsewhere,
 #       e.g. a test that lands with it, must apply to the checkout but stay out of the copy) and runs `bench/src_ab.sh
 #       prepare` with main's embedded sources as the first variant ("main") and one variant per patch: a patch that no
-#       longer applies, or a tree that does not compile for sm_90a, fails here. Run from the repository root
+#       longer applies, or a tree that does not compile for sm_90a, fails here. -a adds a variant "all": every one of
+#       the patches applied in turn to one copy (they must apply together). Run from the repository root
 #       (BUILD: the build directory, as for src_ab.sh).
 #   device:         bash bench/src_ab.sh run DIR     (CHECK=1: --check every variant; see src_ab.sh)
 #   PATCH_DIR=bench/probes: the same for the probes there (knock-outs that time a piece of a kernel by leaving it out;
@@ -17,16 +18,17 @@
 # A candidate that measures faster goes into kernel_src/ in its own commit and its patch is deleted; one that does
 # not is deleted too, with its numbers in docs/perf-notes.md.
 set -uo pipefail
-usage() { sed -n 2,18p "$0"; exit 2; }
+usage() { sed -n 2,19p "$0"; exit 2; }
 [ "${1:-}" = prepare ] && [ $# -ge 2 ] || usage
 dir=${2%/}
 shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 patch_dir=${PATCH_DIR:-bench/candidates}
-shapes=() names=()
+shapes=() names=() all=0
 while [ $# -gt 0 ]; do
   case $1 in
     -s) [ $# -ge 2 ] || usage; shapes+=(-s "$2"); shift 2 ;;
+    -a) all=1; shift ;;
     -*) usage ;;
     *) names+=("$1"); shift ;;
   esac
@@ -49,4 +51,13 @@ for n in "${names[@]}"; do
     { echo "candidates: $n.patch's kernel_src/ hunks do not apply" >&2; exit 1; }
   variants+=("$n=$trees/$n/kernel_src")
 done
+if [ $all = 1 ]; then
+  [ ${#names[@]} -ge 2 ] || { echo "candidates: -a needs two patches or more" >&2; exit 1; }
+  mkdir -p "$trees/all" && cp -r "$root/kernel_src" "$trees/all/" || exit 1
+  for n in "${names[@]}"; do
+    (cd "$trees/all" && git apply --include='kernel_src/*' "$root/$patch_dir/$n.patch") ||
+      { echo "candidates: $n.patch does not apply on top of the ones before it (variant all)" >&2; exit 1; }
+  done
+  variants+=("all=$trees/all/kernel_src")
+fi
 bash "$root/bench/src_ab.sh" prepare "$dir" "${shapes[@]}" "${variants[@]}"
