@@ -66,7 +66,7 @@ __device__ __forceinline__ void dkw_load_a(const SmlaParams& p, char* sa, int t,
 #pragma unroll
   for (int n = 0; n < 64 / rstep; ++n) {
     const int row = row0 + n * rstep;
-    char* d = dst + n * rstep * 128 + ((((c & 7) ^ row) & 7) << 4);
+    char* d = dst + n * rstep * 128 + smla_swz128_piece(row, c);
     if (n * rstep < rows)
       smla_cp_async16(d, src + (long long)n * rstep * HEADS);
     else
@@ -90,7 +90,7 @@ __device__ __forceinline__ void dkw_load_b(const SmlaParams& p, char* sb, int t,
 #pragma unroll 4
     for (int n = 0; n < (hi - lo) / kstep; ++n) {
       const int k = lo + k0 + n * kstep;
-      smla_cp_async16(dst + k * 128 + ((((c & 7) ^ k) & 7) << 4), src + n * kstep * sh);
+      smla_cp_async16(dst + k * 128 + smla_swz128_piece(k, c), src + n * kstep * sh);
     }
   }
 }
@@ -114,7 +114,7 @@ __device__ __forceinline__ void dkw_store_tile(const SmlaParams& p, const float 
   // 16 bytes a thread, 16 threads a 256-byte row piece: thread tw reads piece pc = tw % 16 of rows tw / 16 + 8 it,
   // so its staging offset (row % 8 fixed) and interm address step by constants (no per-piece index arithmetic).
   const int pc = tw % 16, row0 = tw / 16;
-  const char* src = so + (pc >> 3) * DKW_OCHUNK + row0 * 128 + ((((pc & 7) ^ row0) & 7) << 4);
+  const char* src = so + (pc >> 3) * DKW_OCHUNK + row0 * 128 + smla_swz128_piece(row0, pc);
   smla_bf16* dst = p.interm + ((long long)t * p.r_chunk + tile * 64 + row0) * SMLA_D + d0 + 128 * wg + pc * 8;
   const int rows = p.r_chunk - tile * 64 - row0;  // rows of the chunk from row0 on
 #pragma unroll
