@@ -23,7 +23,8 @@
 #
 # Why: every variant in its own process with its own warmed cache and SMLA_KERNEL_SRC_DIR, alternating, so drift
 # falls on all; nothing compiles on the device. Env for `run`: ROUNDS, REPEAT (20), CHECK, CHECK_FIRST, BUDGET, STEP
-# (seconds per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS. Env for
+# (seconds per process, 40), BACKEND (passed to smla-bench as --backend; default: its own choice), ARGS, INPUTS (the
+# directory of inputs kept between processes, default /tmp/smla-bench-inputs; empty: none). Env for
 # `prepare`: BUILD, the build directory (default build).
 set -uo pipefail
 usage() { sed -n 2,27p "$0"; exit 2; }
@@ -79,6 +80,10 @@ ROUNDS=${ROUNDS:-2} REPEAT=${REPEAT:-20} BUDGET=${BUDGET:-400} STEP=${STEP:-40}
 mapfile -t variants < "$dir/variants.txt"
 mapfile -t shapes < "$dir/shapes.txt"
 extra=(); [ -n "${BACKEND:-}" ] && extra=(--backend "$BACKEND")
+# The first process of a shape writes its random inputs (and their float64 forward, ~20 s at the DSv4 shapes) here;
+# every later one reads them back (tools/inputs_file.hpp). INPUTS= (empty) makes them in every process.
+INPUTS=${INPUTS-/tmp/smla-bench-inputs}
+[ -n "$INPUTS" ] && extra+=(--inputs-dir "$INPUTS")
 read -ra more_args <<< "${ARGS:-}"
 extra+=("${more_args[@]}")
 start=$SECONDS

@@ -16,6 +16,7 @@
 
 #include "tools/tool_main.hpp"
 #include "tools/case_runner.hpp"
+#include "tools/inputs_file.hpp"
 #include "runtime/cuda/cublas_api.hpp"
 #include "smla/smla.hpp"
 #include "tests/reference/reference.hpp"
@@ -25,6 +26,7 @@ namespace {
 struct Options {
   std::string backend = "auto";
   std::string shape;
+  std::string inputs_dir;  // --inputs-dir: the reference inputs kept between processes (tools/inputs_file.hpp)
   int64_t r_chunk = 0;
   bool no_sink = false, check = false, json = false, breakdown = false, uniform = false;
   int warmup = -1, repeat = -1;
@@ -211,9 +213,22 @@ int run(const Options& o) {
       cases.push_back(std::move(c));
     }
 
-  smla::ref::Inputs in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, o.seed,
-                                                o.uniform ? smla::ref::TopkKind::Uniform : smla::ref::TopkKind::Benchmark);
+  // Wall seconds of each stage of this process (JSON "stage_s"): where a slow benchmark process spends its time.
+  nlohmann::json stage_s;
+  auto stage_t0 = std::chrono::steady_clock::now();
+  auto stage = [&](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    stage_s[name] = std::chrono::duration<double>(now - stage_t0).count();
+    stage_t0 = now;
+  };
+  smla::tools::InputsSource inputs_source;
+  smla::ref::Inputs in = smla::tools::inputs_via_file(
+      o.inputs_dir, int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, o.seed,
+      o.uniform ? smla::ref::TopkKind::Uniform : smla::ref::TopkKind::Benchmark, &inputs_source);
+  if (!inputs_source.note.empty()) std::fprintf(stderr, "smla-bench: inputs: %s\n", inputs_source.note.c_str());
+  stage("inputs");
   smla::tools::CaseRunner cr(p, in);
+  stage("upload");
   smla::Tensors& t = cr.tensors();
   const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
 
@@ -224,6 +239,7 @@ int run(const Options& o) {
     c.plan->run(t, ws, c.plan->workspace_bytes(), cr.stream());
     c.out = cr.read_outputs();
   }
+  stage("first_runs");
 
   const int warmup = o.warmup >= 0 ? o.warmup : (gpu ? 5 : 0);
   const int repeat = o.repeat > 0 ? o.repeat : (gpu ? 20 : 3);
@@ -235,16 +251,21 @@ int run(const Options& o) {
       c.j["round_ms"].push_back(median_run_ms(c, cr, gpu, repeat));
     }
   for (Case& c : cases) c.ms = median(c.j["round_ms"].get<std::vector<double>>());
+  stage("timing");
   if (o.breakdown) {
     for (Case& c : cases) {
       if (cases.size() > 1 && !o.json) std::printf("== %s\n", c.label().c_str());
       breakdown(c, cr, gpu, o, repeat);
     }
     report_gemm(cases, cr, gpu, o, flops(p));
+    stage("breakdown_and_gemm");
   }
 
   std::optional<smla::ref::Grads> g;
-  if (o.check) g = smla::ref::backward(in);
+  if (o.check) {
+    g = smla::ref::backward(in);
+    stage("reference");
+  }
   bool pass = true;
   for (Case& c : cases) {
     const smla::PlanInfo& info = c.plan->info();
@@ -260,6 +281,8 @@ int run(const Options& o) {
     j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat, j["rounds"] = rounds;
     j["plan_ms"] = c.plan_ms, j["plan2_ms"] = c.plan2_ms, j["compiled"] = info.compiled;
     j["loaded_from_disk"] = info.loaded_from_disk;
+    j["stage_s"] = stage_s;
+    j["inputs_from_file"] = inputs_source.from_file;
     if (cases.size() > 1) j["ratio_to_first"] = ms / cases[0].ms;
     if (g) {
       auto report = [&](const char* name, const smla::ref::Compare& cmp) {
@@ -314,6 +337,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)");
   app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
   app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--inputs-dir", o.inputs_dir,
+                 "keep the random inputs (and their float64 forward) in this directory and read them back in later "
+                 "processes with the same problem and seed: most of a large shape's process time otherwise");
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
                  "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (faster than 3 only at small "
