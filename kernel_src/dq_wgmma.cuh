@@ -691,9 +691,33 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         *reinterpret_cast<uint4*>(dst + r * p.dq_sh) =
             *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r & 7)) << 4));
       }
-    } else
+    } else {
+      // An earlier chunk: the fp32 carry of this warpgroup's half (64 heads x 256 columns, 1 KB a head) through the
+      // same buffer (64 KB: exactly its size), then to dq_acc in 16-byte pieces, a warp half a head's row an
+      // instruction, instead of 8-byte fragment stores into 8 rows a warp instruction. Rows of 1 KB, the 16-byte
+      // piece j of row r at j ^ (r % 8): a warp's fragment stores (8 rows x 32 bytes) take two wavefronts.
+      char* stage = wg == 0 ? sQ : sDO;
+      dqw_each_pair(acc, 0, hl_a, hl_b, wg, lane, [&](int r, int d, float& v0, float& v1) {
+        const int j = (d - 256 * wg) >> 2;  // the 16-byte piece of the row (d is even: v0, v1 share it)
+        *reinterpret_cast<float2*>(stage + r * 1024 + ((j ^ (r & 7)) << 4) + 4 * (d & 3)) = make_float2(v0, v1);
+      });
+      if (wg == 0)
+        smla_named_sync<3, 128>();
+      else
+        smla_named_sync<4, 128>();
+      float* dst = p.dq_acc + ((long long)t * HEADS + h0) * SMLA_D + 256 * wg + 4 * lane;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int r = warp + 4 * k;
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+          *reinterpret_cast<uint4*>(dst + r * SMLA_D + 128 * s) =
+              *reinterpret_cast<const uint4*>(stage + r * 1024 + (((lane + 32 * s) ^ (r & 7)) << 4));
+      }
+    }
+#else
+    dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
+                  [&](int h, int d, float& v0, float& v1) { smla_dq_store_pair<HEADS>(p, t, h, d, v0, v1); });
 #endif
-      dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
-                    [&](int h, int d, float& v0, float& v1) { smla_dq_store_pair<HEADS>(p, t, h, d, v0, v1); });
   }  // the block (the persistent body: the blocks of this CTA)
 }
