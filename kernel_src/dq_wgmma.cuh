@@ -518,6 +518,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     const unsigned daq_lo = (unsigned)daq;
     const unsigned long long daq_hi = daq & ~0xFFFFFFFFull;  // SBO and swizzle: constants
 
+    // This thread's piece of the per-tile P/dS store (below): row pds_rl of the tile, 16-byte piece pds_c (8 heads).
+    const int pds_rl = threadIdx.x / 8, pds_c = threadIdx.x % 8;
+    const unsigned pds_so = smla_swz128(pds_rl, pds_c * 8);
+    const long long pds_o = ((long long)t * r_chunk + pds_rl) * HEADS + h0 + pds_c * 8;
+
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
       const int buf = (g0 + tile) & 1;
@@ -634,16 +639,15 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       }
       smla_wgmma_commit();
 
-      // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest.
-      for (int i = threadIdx.x; i < BLOCK_R * 8; i += DQW_THREADS) {
-        const int rl = i / 8, c = i % 8;
-        const int rr = tile * BLOCK_R + rl;
-        if (rr < r_chunk) {
-          const long long o = ((long long)t * r_chunk + rr) * HEADS + h0 + c * 8;
-          const unsigned so = smla_swz128(rl, c * 8);
-          *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + so);
-          *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + so);
-        }
+      // ---- meanwhile, this tile's P and dS rows to the workspace ((t*r_chunk + rr)*HEADS + h), h fastest: one
+      // 16-byte piece of each a thread (BLOCK_R rows x 8 pieces = DQW_THREADS), row pds_rl, piece pds_c, written as
+      // straight-line code (a loop from threadIdx.x was compiled as a general loop, unrolled by four with a
+      // remainder, for its one trip).
+      static_assert(BLOCK_R * 8 == DQW_THREADS, "dq's P/dS store: one 16-byte piece a consumer thread");
+      if (tile * BLOCK_R + pds_rl < r_chunk) {
+        const long long o = pds_o + (long long)tile * (BLOCK_R * HEADS);
+        *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + pds_so);
+        *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + pds_so);
       }
       smla_wgmma_wait<0>();
       smla_fence_regs(acc);
