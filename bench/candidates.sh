@@ -21,7 +21,7 @@
 # A candidate that measures faster goes into kernel_src/ in its own commit and its patch is deleted; one that does
 # not is deleted too, with its numbers in docs/perf-notes.md.
 set -uo pipefail
-usage() { sed -n 2,19p "$0"; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }  # the header comment
 [ "${1:-}" = prepare ] && [ $# -ge 2 ] || usage
 dir=${2%/}
 shift 2

@@ -11,7 +11,8 @@
 #   device:         bench/src_ab.sh run DIR        (from the repository root, DIR carried)
 #       ROUNDS rounds (default 2), in each of which every variant runs once per shape, each its own smla-bench process
 #       (--json --breakdown --gemm-n 1024 --repeat REPEAT), then a table: per variant the median end to end and
-#       per-phase ms over the rounds and the ratio to the first variant. CHECK=1 then runs `--check` once per
+#       per-phase ms over the rounds and the ratio to the first variant, and whether its outputs are bitwise the
+#       first variant's and the same in every round (smla-bench's out_xxh64). CHECK=1 then runs `--check` once per
 #       variant and shape (~40 s each at the seed shape); CHECK_ONLY="v1 v2" and CHECK_SHAPES="T,H,N,K ..."
 #       narrow that to the variants and shapes named; CHECK_FIRST=1 runs them before the timing. Logs in $OUT
 #       (default /tmp/out); BUDGET seconds (default 400) bound the whole run: what would pass it is skipped and says
@@ -27,7 +28,7 @@
 # directory of inputs kept between processes, default /tmp/smla-bench-inputs; empty: none). Env for
 # `prepare`: BUILD, the build directory (default build).
 set -uo pipefail
-usage() { sed -n 2,27p "$0"; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }  # the header comment
 [ $# -ge 2 ] || usage
 cmd=$1 dir=${2%/}; shift 2
 
@@ -129,7 +130,7 @@ for s in "${shapes[@]}"; do
   python3 - "$OUT" "$tag" "$ROUNDS" "${variants[@]}" <<'EOF'
 import json, statistics, sys
 out, tag, rounds, variants = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-rows, first = [], None
+rows, first, first_out = [], None, None
 for v in variants:
     # One JSON line a planned body (several with --dq-impl/--dkv-impl lists in ARGS): a row each, in their order.
     bodies = {}
@@ -149,19 +150,31 @@ for v in variants:
                 why.append("timed out (STEP)" if rc == 124 else "rc %d" % rc if rc else "no JSON")
             except (OSError, ValueError):
                 why.append("skipped (budget)")
-        rows.append((v, None, {", ".join(sorted(set(why))): 0}, 0)); continue
+        rows.append((v, None, {", ".join(sorted(set(why))): 0}, 0, "")); continue
     for label, runs in bodies.items():
         ms = statistics.median(j["ms"] for j in runs)
         phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
                   for k in runs[0].get("phases", {})}
         first = ms if first is None else first
-        rows.append((label, ms, phases, len(runs)))
+        # The outputs' digests (smla-bench's out_xxh64, the first run of each process): the same in every round
+        # (deterministic across processes), and the same as the first row's (bitwise equal to the baseline)?
+        digests = [j.get("out_xxh64") for j in runs if j.get("out_xxh64")]
+        note = ""
+        if digests:
+            varies = sorted(k for k in digests[0] if any(d.get(k) != digests[0][k] for d in digests))
+            if first_out is None:
+                first_out = (label, digests[0])
+            differs = sorted(k for k in digests[0] if digests[0][k] != first_out[1].get(k))
+            note = ("out: varies across rounds (%s)" % ", ".join(varies) if varies else
+                   "out: differs from %s (%s)" % (first_out[0], ", ".join(differs)) if differs else
+                   "out: same in every round" if first_out[0] == label else "out: bitwise %s's" % first_out[0])
+        rows.append((label, ms, phases, len(runs), note))
 print("shape %s, median over rounds (ms):" % tag.replace("_", ","))
-for v, ms, phases, n in rows:
+for v, ms, phases, n, note in rows:
     if ms is None:
         print("  %-20s no numbers: %s" % (v, next(iter(phases)))); continue
-    print("  %-20s %8.3f  x%.3f  (%d runs)  %s" % (v, ms, ms / first, n,
-          "  ".join("%s %.3f" % kv for kv in sorted(phases.items()))))
+    print("  %-20s %8.3f  x%.3f  (%d runs)  %s%s" % (v, ms, ms / first, n,
+          "  ".join("%s %.3f" % kv for kv in sorted(phases.items())), "  " + note if note else ""))
 EOF
 done
 [ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" != 1 ] && checks

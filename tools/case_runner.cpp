@@ -1,6 +1,9 @@
 // case_runner.cpp: tensors of one problem on the host or a CUDA device.
 #include "case_runner.hpp"
 
+#include <xxhash.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -91,6 +94,21 @@ std::vector<T> CaseRunner::read(const void* p, size_t count) const {
     std::memcpy(v.data(), p, count * sizeof(T));
   }
   return v;
+}
+
+std::map<std::string, std::string> output_digests(const Outputs& o) {
+  std::map<std::string, std::string> d;
+  auto put = [&](const char* name, const void* data, size_t bytes) {
+    if (!bytes) return;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(data, bytes, 0)));
+    d[name] = hex;
+  };
+  put("dq", o.dq.data(), o.dq.size() * sizeof(o.dq[0]));
+  put("dkv", o.dkv.data(), o.dkv.size() * sizeof(o.dkv[0]));
+  put("dkv_f32", o.dkv_f32.data(), o.dkv_f32.size() * sizeof(o.dkv_f32[0]));
+  put("d_sink", o.d_sink.data(), o.d_sink.size() * sizeof(o.d_sink[0]));
+  return d;
 }
 
 Outputs CaseRunner::read_outputs() const {

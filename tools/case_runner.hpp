@@ -2,7 +2,9 @@
 // backend, device memory for CUDA), poisoned outputs, and read-back. Shared by smla-bench and
 // the end-to-end tests so both exercise the public API the same way.
 #pragma once
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda/device_memory.hpp"
@@ -16,6 +18,10 @@ struct Outputs {
   std::vector<float> dkv_f32;     // with Problem::dkv_fp32
   std::vector<float> d_sink;
 };
+
+/// xxHash64 (16 hex digits) of each output's bytes, by name ("dq", "dkv", "dkv_f32", "d_sink"; only those present):
+/// bitwise comparisons of outputs across processes, rounds and builds without keeping the outputs.
+std::map<std::string, std::string> output_digests(const Outputs& o);
 
 class CaseRunner {
  public:

@@ -282,6 +282,7 @@ int run(const Options& o) {
     j["plan_ms"] = c.plan_ms, j["plan2_ms"] = c.plan2_ms, j["compiled"] = info.compiled;
     j["loaded_from_disk"] = info.loaded_from_disk;
     j["stage_s"] = stage_s;
+    j["out_xxh64"] = smla::tools::output_digests(c.out);  // the first (checked) run's outputs, bitwise
     j["inputs_from_file"] = inputs_source.from_file;
     if (cases.size() > 1) j["ratio_to_first"] = ms / cases[0].ms;
     if (g) {
