@@ -35,6 +35,7 @@ cat > "$WORK/gen.cpp" <<'CPP'
 #include <string>
 #include <nvrtc.h>
 #include "runtime/cuda/kernels_cuda.hpp"
+#include "runtime/cuda/nvrtc_options.hpp"
 #include "smla/smla.hpp"
 // The runtime's error.cpp is not linked here; this tool only needs the constructor.
 smla::Error::Error(Status s, std::string m, const char* f, int l, std::string c)
@@ -79,9 +80,13 @@ int main(int argc, char** argv) {
     std::ofstream(out + "/" + name + ".cu") << text;
     nvrtcProgram prog;
     nvrtcCreateProgram(&prog, text.c_str(), (k.stem + ".cu").c_str(), (int)hdrs.size(), hdrs.data(), hdr_names.data());
-    const std::string inc1 = "-I" + cuda_inc + "/cccl", inc2 = "-I" + cuda_inc;
-    const char* opts[] = {"-arch=sm_90a", "-std=c++17", inc1.c_str(), inc2.c_str()};
-    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    // the runtime's options (NvrtcCompiler::options), then the include paths as compile() appends them
+    std::vector<std::string> o = smla::cuda::nvrtc_base_options("sm_90a");
+    o.push_back("-I" + cuda_inc + "/cccl");
+    o.push_back("-I" + cuda_inc);
+    std::vector<const char*> opts;
+    for (const auto& x : o) opts.push_back(x.c_str());
+    nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
     if (r != NVRTC_SUCCESS) {
       size_t n; nvrtcGetProgramLogSize(prog, &n); std::string log(n, '\0'); nvrtcGetProgramLog(prog, &log[0]);
       std::fprintf(stderr, "NVRTC FAILED %s:\n%s\n", name.c_str(), log.c_str()); ++bad;

@@ -200,19 +200,31 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS, 1) smla_dq(SmlaParams p
   }
 
   // ---- epilogue: the chunk carry (dq_acc), every load before any store (smla_dq_add_carry), and the bf16 output.
-  if (p.n_chunks > 1 && p.chunk > 0) {
+  // In batches of DQ_EPI_BATCH column groups: all of a batch's carry loads, then its stores. sm_90: one batch. sm_8x:
+  // two, since ptxas there hoisted every carry load ahead and spilled 8 bytes at 254 registers (check_compile.sh);
+  // the first batch's stores keep the second batch's loads behind them.
+#if __CUDA_ARCH__ < 900
+#define DQ_EPI_BATCH (DQ_DW / 16)
+#else
+#define DQ_EPI_BATCH (DQ_DW / 8)
+#endif
 #pragma unroll
-    for (int j = 0; j < DQ_DW / 8; ++j)
+  for (int j0 = 0; j0 < DQ_DW / 8; j0 += DQ_EPI_BATCH) {
+    if (p.n_chunks > 1 && p.chunk > 0) {
+#pragma unroll
+      for (int j = j0; j < j0 + DQ_EPI_BATCH; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          smla_dq_add_carry<HEADS>(p, t, h0 + (half ? hl_b : hl_a), wn * DQ_DW + j * 8 + 2 * (lane % 4),
+                                   acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+#pragma unroll
+    for (int j = j0; j < j0 + DQ_EPI_BATCH; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        smla_dq_add_carry<HEADS>(p, t, h0 + (half ? hl_b : hl_a), wn * DQ_DW + j * 8 + 2 * (lane % 4),
-                                 acc[j][2 * half], acc[j][2 * half + 1]);
+        smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), wn * DQ_DW + j * 8 + 2 * (lane % 4),
+                                  acc[j][2 * half], acc[j][2 * half + 1]);
   }
-#pragma unroll
-  for (int j = 0; j < DQ_DW / 8; ++j)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      smla_dq_store_pair<HEADS>(p, t, h0 + (half ? hl_b : hl_a), wn * DQ_DW + j * 8 + 2 * (lane % 4), acc[j][2 * half],
-                                acc[j][2 * half + 1]);
+#undef DQ_EPI_BATCH
 }
 #endif  // DQ_WGMMA

@@ -1,5 +1,6 @@
 // nvrtc_compiler.cpp: compiles rendered kernels to cubins with NVRTC.
 #include "nvrtc_compiler.hpp"
+#include "nvrtc_options.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -50,10 +51,7 @@ std::string NvrtcCompiler::identity() const {
 std::vector<std::string> NvrtcCompiler::options(const std::string& target) const {
   // Include paths are deliberately not part of this list (they differ between machines and are
   // covered by the identity's header versions); compile() appends them.
-  std::vector<std::string> o{"--gpu-architecture=" + target, "-std=c++17", "-default-device",
-                             "-DSMLA_NVRTC=1", "--device-int128"};
-  std::sort(o.begin(), o.end());
-  return o;
+  return nvrtc_base_options(target);
 }
 
 namespace {
