@@ -663,15 +663,22 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
                     [&](int h, int d, float& v0, float& v1) { smla_dq_add_carry<HEADS>(p, t, h, d, v0, v1); });
 #if !DQW_PERSIST
+    // The staging buffer of this warpgroup's half of dQ: its own S/dP operand buffer (sQ for warpgroup 0, sDO for 1:
+    // neither is read again in this block once the last S/dP wgmma was waited for, and the other warpgroup never reads
+    // it), written and read back between the warpgroup's own barrier (named barrier 3 or 4, 128 threads).
+    char* stage = wg == 0 ? sQ : sDO;
+    auto stage_sync = [wg] {
+      if (wg == 0)
+        smla_named_sync<3, 128>();
+      else
+        smla_named_sync<4, 128>();
+    };
     if (p.chunk == p.n_chunks - 1) {
-      // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through its own S/dP operand buffer
-      // (sQ for warpgroup 0, sDO for 1: neither is read again in this block once the last S/dP wgmma was waited for,
-      // and the other warpgroup never reads it), with stmatrix, then to global memory in 16-byte pieces, a warp one
-      // head's 512 contiguous bytes an instruction. Rows of 512 bytes, the 16-byte piece j of row r at j ^ (r % 8):
+      // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through the staging buffer with stmatrix, then
+      // to global memory in 16-byte pieces, a warp one head's 512 contiguous bytes an instruction. Rows of 512 bytes, the 16-byte piece j of row r at j ^ (r % 8):
       // stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
       // lane into 8 rows) held the epilogue at the SM's store path: stored into 8 MB that stay in L2 they cost as
       // much, and leaving them out saved 0.11-0.17 ms of dq (perf notes v16).
-      char* stage = wg == 0 ? sQ : sDO;
       const unsigned st0 = smla_smem_addr(stage);
       const int mb = lane >> 3;                           // stmatrix: block of this lane's address
       const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // its row (head in the block)
@@ -684,10 +691,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         const int piece = i + (mb >> 1);                  // 16-byte piece (8 columns) of the row
         dqw_stmatrix_x4<false>(st0 + sr * 512 + ((piece ^ (sr & 7)) << 4), w);
       }
-      if (wg == 0)
-        smla_named_sync<3, 128>();
-      else
-        smla_named_sync<4, 128>();
+      stage_sync();
       smla_bf16* dst = p.dq + t * p.dq_st + h0 * p.dq_sh + 256 * wg + 8 * lane;
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
@@ -700,15 +704,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // same buffer (64 KB: exactly its size), then to dq_acc in 16-byte pieces, a warp half a head's row an
       // instruction, instead of 8-byte fragment stores into 8 rows a warp instruction. Rows of 1 KB, the 16-byte
       // piece j of row r at j ^ (r % 8): a warp's fragment stores (8 rows x 32 bytes) take two wavefronts.
-      char* stage = wg == 0 ? sQ : sDO;
       dqw_each_pair(acc, 0, hl_a, hl_b, wg, lane, [&](int r, int d, float& v0, float& v1) {
         const int j = (d - 256 * wg) >> 2;  // the 16-byte piece of the row (d is even: v0, v1 share it)
         *reinterpret_cast<float2*>(stage + r * 1024 + ((j ^ (r & 7)) << 4) + 4 * (d & 3)) = make_float2(v0, v1);
       });
-      if (wg == 0)
-        smla_named_sync<3, 128>();
-      else
-        smla_named_sync<4, 128>();
+      stage_sync();
       float* dst = p.dq_acc + ((long long)t * HEADS + h0) * SMLA_D + 256 * wg + 4 * lane;
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
