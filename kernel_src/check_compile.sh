@@ -52,7 +52,6 @@ int main(int argc, char** argv) {
       s.r_chunk = topk / div; s.n_chunks = div; s.has_sink = flags; s.check_indices = flags; s.sm90a = sm90a;
       int bits = 0; while ((s.num_kv >> bits) != 0) ++bits;  // keys 0..num_kv
       s.radix_passes = (bits + s.radix_bits - 1) / s.radix_bits;
-      s.csr_tiles = (int)(((long long)s.T * s.r_chunk + s.csr_tile_items - 1) / s.csr_tile_items);
       std::string why;
       if (!smla::cuda_shape_supported(s, &why)) { std::fprintf(stderr, "unsupported H=%d topk=%d: %s\n", H, topk, why.c_str()); return 1; }
       shapes.push_back(s);

@@ -1,39 +1,67 @@
 // csr.cu: per chunk, a stable LSD radix sort of the chunk's slots by kv row, then row_ptr.
 //
-// Item i = t*r_chunk + rr has key = topk[t, r_start + rr] when valid, else num_kv (an empty slot), and value i.
-// Per pass (SmlaParams::pass): hist counts each tile's digits, scan turns the digit-major
-// counts into global start positions, scatter ranks each tile stably (CUB block radix sort on the
-// pass's bits) and writes keys/values to their positions. Pass p reads buffer p % 2 (pass 0
-// reads topk) and writes (p + 1) % 2. rowptr then marks where each kv row's run starts.
-// Pass 0 drops the empty slots: it neither counts nor writes them, so the later passes sort only the n_valid valid
-// items, at positions 0 .. n_valid - 1 (the causal top-k's rows end in empty slots: 14% of the seed's items, 45% at
-// TOPK 1152). n_valid is the pass-0 scan's total, kept in row_ptr[num_kv] (where the sorted row_ptr ends anyway:
-// the first position whose key >= num_kv); the positions past it are left unwritten (nothing reads them).
+// Item i = t*r_chunk + rr has key = topk[t, r_start + rr] when valid, else num_kv (an empty slot: it sorts last), and
+// value i. The sort is CUB's onesweep (the agents of cub::DeviceRadixSort, launched here one by one):
+//   keys       writes the keys and values into csr_keys[0] / csr_vals[0] and zeroes the sort's scratch;
+//   histogram  counts every pass's digits over all the keys at once (the digit counts of a pass do not depend on the
+//              order the earlier passes left), into bins[pass][digit];
+//   exclusive  one block a pass turns its counts into the digits' first positions;
+//   onesweep   one launch a pass (SmlaParams::pass): each tile ranks its keys by the pass's digit in shared memory,
+//              learns how many of each digit the tiles before it hold by decoupled look-back, and scatters keys and
+//              values to the other buffer. Pass p reads buffer p % 2 and writes (p + 1) % 2, so the result is in
+//              csr_final = passes % 2. Stable (tiles in order, ranks in input order within a tile): equal keys keep
+//              slot order, and the result does not depend on scheduling.
+//   rowptr     marks where each kv row's run starts; row_ptr[num_kv] = where the empty slots' run starts.
+// The scratch in csr_hist, in ints: bins [passes][CSR_DIGITS], tile counters [passes] (CSR_CTR_INTS), look-back
+// [passes][tiles][CSR_DIGITS], tiles = ceil(items / CSR_OS_TILE). The host sizes it the same way
+// (cuda_csr_scratch_bytes in runtime/cuda/kernels_cuda.cpp). Why onesweep (perf notes v19): the per-tile-histogram
+// sort before it took ~200 us at the seed in seven launches (its two scatters two thirds of it), and csr's time
+// counts almost fully end to end.
 // Constants are CSR_-prefixed: CUB uses RADIX_BITS etc. as template parameter names.
 #include "smla_params.h"
 #include "common.cuh"
-#include <cub/block/block_radix_sort.cuh>
+#include <cub/agent/agent_radix_sort_histogram.cuh>
+#include <cub/agent/agent_radix_sort_onesweep.cuh>
+#include <cub/block/block_scan.cuh>
 
 #ifndef CSR_RADIX_BITS
 #define CSR_RADIX_BITS 8
 #endif
-#ifndef CSR_TILE_ITEMS
-#define CSR_TILE_ITEMS 2048
-#endif
 #ifndef CSR_THREADS
-#define CSR_THREADS 256
+#define CSR_THREADS 256  // keys and rowptr
 #endif
-#ifndef CSR_SCAN_THREADS
-#define CSR_SCAN_THREADS 1024
+// onesweep's tile: CUB's sm_90 tuning for 4-byte keys and values with 32-bit offsets (384 x 23)
+#ifndef CSR_OS_THREADS
+#define CSR_OS_THREADS 384
 #endif
+#ifndef CSR_OS_ITEMS
+#define CSR_OS_ITEMS 23
+#endif
+// the histogram's tile: CUB's sm_90 tuning (128 x 16)
+#ifndef CSR_HIST_THREADS
+#define CSR_HIST_THREADS 128
+#endif
+#ifndef CSR_HIST_ITEMS
+#define CSR_HIST_ITEMS 16
+#endif
+#define CSR_SUM_THREADS 256
 
 #define CSR_DIGITS (1 << CSR_RADIX_BITS)
-#define CSR_ITEMS (CSR_TILE_ITEMS / CSR_THREADS)
-#define CSR_PAD_KEY 0xffffffffu  // past the end of the last tile: sorts last, never written
+#define CSR_OS_TILE (CSR_OS_THREADS * CSR_OS_ITEMS)
+#define CSR_CTR_INTS 32  // the tile counters' slot (passes <= 32), keeping the look-back 128-byte aligned
 
-static_assert(CSR_RADIX_BITS >= 1 && CSR_RADIX_BITS <= 8, "CSR_RADIX_BITS must be in 1..8");
-static_assert(CSR_TILE_ITEMS % CSR_THREADS == 0, "CSR_TILE_ITEMS must be a multiple of CSR_THREADS");
-static_assert(CSR_SCAN_THREADS % 32 == 0 && CSR_SCAN_THREADS <= 1024, "CSR_SCAN_THREADS: whole warps, at most 1024");
+// CUB's onesweep ranks with its warps' 32 lanes over the digits (BlockRadixRankMatchEarlyCounts): at least 32 of
+// them. The planner never picks fewer than kCsrMinRadixBits (planner.hpp).
+static_assert(CSR_RADIX_BITS >= 5 && CSR_RADIX_BITS <= 8, "CSR_RADIX_BITS must be in 5..8");
+
+typedef cub::AgentRadixSortHistogramPolicy<CSR_HIST_THREADS, CSR_HIST_ITEMS, 1, unsigned, CSR_RADIX_BITS>
+    CsrHistPolicy;
+typedef cub::AgentRadixSortOnesweepPolicy<CSR_OS_THREADS, CSR_OS_ITEMS, unsigned, 1,
+                                          cub::RADIX_RANK_MATCH_EARLY_COUNTS_ANY, cub::BLOCK_SCAN_RAKING_MEMOIZE,
+                                          cub::RADIX_SORT_STORE_DIRECT, CSR_RADIX_BITS>
+    CsrOnesweepPolicy;
+static_assert(CsrOnesweepPolicy::BLOCK_THREADS == CSR_OS_THREADS && CsrOnesweepPolicy::ITEMS_PER_THREAD == CSR_OS_ITEMS,
+              "the onesweep tile must be what the host sized the look-back for");
 
 __device__ __forceinline__ int csr_n(const SmlaParams& p) { return p.T * p.r_chunk; }  // < 2^31: host-checked
 
@@ -44,176 +72,78 @@ __device__ __forceinline__ unsigned csr_key_from_topk(const SmlaParams& p, int i
   return smla_valid_index(k, p.num_kv) ? (unsigned)k : (unsigned)p.num_kv;
 }
 
-__device__ __forceinline__ unsigned csr_key(const SmlaParams& p, int i) {
-  return p.pass == 0 ? csr_key_from_topk(p, i) : (unsigned)p.csr_keys[p.pass % 2][i];
+__device__ __forceinline__ int csr_os_tiles(const SmlaParams& p) { return (csr_n(p) + CSR_OS_TILE - 1) / CSR_OS_TILE; }
+__device__ __forceinline__ int* csr_bins(const SmlaParams& p) { return p.csr_hist; }
+__device__ __forceinline__ int* csr_ctrs(const SmlaParams& p) { return p.csr_hist + p.radix_passes * CSR_DIGITS; }
+__device__ __forceinline__ int* csr_lookback(const SmlaParams& p, int pass) {
+  return p.csr_hist + p.radix_passes * CSR_DIGITS + CSR_CTR_INTS + (long long)pass * csr_os_tiles(p) * CSR_DIGITS;
 }
 
-__device__ __forceinline__ int csr_digit(unsigned key, int shift) { return (int)((key >> shift) & (CSR_DIGITS - 1)); }
-
-// The items a pass sorts: all of the chunk's in pass 0, the valid ones after it (written by pass 0's scan; read by
-// kernels launched after it, never by the one that writes it).
-__device__ __forceinline__ int csr_items(const SmlaParams& p) { return p.pass == 0 ? csr_n(p) : p.row_ptr[p.num_kv]; }
-
-extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_hist(SmlaParams p) {
-  __shared__ int cnt[CSR_DIGITS];
-  for (int d = threadIdx.x; d < CSR_DIGITS; d += CSR_THREADS) cnt[d] = 0;
-  __syncthreads();
-  const int n = csr_items(p), shift = p.pass * CSR_RADIX_BITS;
-  const int base = blockIdx.x * CSR_TILE_ITEMS;
-  for (int j = threadIdx.x; j < CSR_TILE_ITEMS; j += CSR_THREADS) {
-    const int i = base + j;
-    if (i >= n) continue;  // (a tile past the valid items still writes its zero counts below)
-    const unsigned key = csr_key(p, i);
-    if (key != (unsigned)p.num_kv) atomicAdd(&cnt[csr_digit(key, shift)], 1);  // integer counts: order-free
+// Keys and values of the chunk's items into buffer 0; the scratch (bins, counters, every pass's look-back) zeroed.
+// Grid: max(items, scratch ints) threads.
+extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_keys(SmlaParams p) {
+  const long long i = (long long)blockIdx.x * CSR_THREADS + threadIdx.x;
+  if (i < csr_n(p)) {
+    p.csr_keys[0][i] = (int)csr_key_from_topk(p, (int)i);
+    p.csr_vals[0][i] = (int)i;
   }
-  __syncthreads();
-  for (int d = threadIdx.x; d < CSR_DIGITS; d += CSR_THREADS) p.csr_hist[d * p.csr_tiles + blockIdx.x] = cnt[d];
+  const long long scratch =
+      (long long)p.radix_passes * CSR_DIGITS + CSR_CTR_INTS + (long long)p.radix_passes * csr_os_tiles(p) * CSR_DIGITS;
+  if (i < scratch) p.csr_hist[i] = 0;
 }
 
-// Exclusive scan of csr_hist in place, one block, over chunks of CSR_SCAN_THREADS * SCAN_ITEMS
-// counts: coalesced loads into shared memory, each thread scans SCAN_ITEMS consecutive counts,
-// a block scan joins the threads, coalesced stores; a carry runs across chunks.
-#define SCAN_ITEMS 8
-#define SCAN_CHUNK (CSR_SCAN_THREADS * SCAN_ITEMS)
-#define SCAN_PAD(i) ((i) + (i) / 32)  // one spare word per 32: thread-contiguous reads hit 32 banks
-
-// Exclusive block-wide scan of v; *total gets the sum. Every thread of the block must call it.
-__device__ __forceinline__ int csr_block_exclusive_scan(int v, int* warp_tot, int* total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int u = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += u;
-  }
-  if (lane == 31) warp_tot[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int w = lane < CSR_SCAN_THREADS / 32 ? warp_tot[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int u = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += u;
-    }
-    if (lane < CSR_SCAN_THREADS / 32) warp_tot[lane] = w;
-  }
-  __syncthreads();
-  *total = warp_tot[CSR_SCAN_THREADS / 32 - 1];
-  const int excl = incl - v + (warp > 0 ? warp_tot[warp - 1] : 0);
-  __syncthreads();  // warp_tot is reused by the next call
-  return excl;
+// Every pass's digit counts, into bins[pass][digit] (zeroed by smla_csr_keys; blocks add with atomics). Any grid:
+// the blocks stride over the tiles.
+extern "C" __global__ void __launch_bounds__(CSR_HIST_THREADS) smla_csr_histogram(SmlaParams p) {
+  typedef cub::detail::radix_sort::AgentRadixSortHistogram<CsrHistPolicy, false, unsigned, int> Agent;
+  __shared__ typename Agent::TempStorage tmp;
+  Agent(tmp, csr_bins(p), reinterpret_cast<const unsigned*>(p.csr_keys[0]), csr_n(p), 0,
+        CSR_RADIX_BITS * p.radix_passes)
+      .Process();
 }
 
-extern "C" __global__ void __launch_bounds__(CSR_SCAN_THREADS) smla_csr_scan(SmlaParams p) {
-  __shared__ int buf[SCAN_PAD(SCAN_CHUNK)];
-  __shared__ int warp_tot[32];
-  const int n = CSR_DIGITS * p.csr_tiles;
-  int carry = 0;
-  for (int base = 0; base < n; base += SCAN_CHUNK) {
+// bins[pass][*]: counts -> exclusive prefix sums (the digits' first positions). One block a pass.
+extern "C" __global__ void __launch_bounds__(CSR_SUM_THREADS) smla_csr_exclusive(SmlaParams p) {
+  constexpr int PER = (CSR_DIGITS + CSR_SUM_THREADS - 1) / CSR_SUM_THREADS;
+  typedef cub::BlockScan<int, CSR_SUM_THREADS> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  int* bins = csr_bins(p) + blockIdx.x * CSR_DIGITS;
+  int v[PER];
 #pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) {
-      const int i = j * CSR_SCAN_THREADS + threadIdx.x;
-      buf[SCAN_PAD(i)] = base + i < n ? p.csr_hist[base + i] : 0;
-    }
-    __syncthreads();
-    int local = 0;
-#pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) local += buf[SCAN_PAD(threadIdx.x * SCAN_ITEMS + j)];
-    int total;
-    int run = carry + csr_block_exclusive_scan(local, warp_tot, &total);
-#pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) {
-      const int k = SCAN_PAD(threadIdx.x * SCAN_ITEMS + j);
-      const int c = buf[k];
-      buf[k] = run;
-      run += c;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < SCAN_ITEMS; ++j) {
-      const int i = j * CSR_SCAN_THREADS + threadIdx.x;
-      if (base + i < n) p.csr_hist[base + i] = buf[SCAN_PAD(i)];
-    }
-    carry += total;
-    __syncthreads();  // buf is refilled by the next chunk
+  for (int u = 0; u < PER; ++u) {
+    const int b = threadIdx.x * PER + u;
+    v[u] = b < CSR_DIGITS ? bins[b] : 0;
   }
-  if (p.pass == 0 && threadIdx.x == 0) p.row_ptr[p.num_kv] = carry;  // n_valid: the items the later passes sort
-}
-
-extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_scatter(SmlaParams p) {
-  typedef cub::BlockRadixSort<unsigned, CSR_THREADS, CSR_ITEMS, int> BlockSort;
-  __shared__ typename BlockSort::TempStorage sort_tmp;
-  __shared__ int s_start[CSR_DIGITS];  // first tile-sorted rank of each digit
-  __shared__ int s_last[CSR_THREADS];  // digit of each thread's last sorted item
-
-  const int n = csr_items(p), shift = p.pass * CSR_RADIX_BITS;
-  const int base = blockIdx.x * CSR_TILE_ITEMS;
-  if (base >= n) return;  // a tile past the valid items (pass >= 1): nothing to sort
-  // Pass 0 sorts a tile by its digit with one more bit, set for an empty slot or an item past the chunk (CSR_DIGITS):
-  // those rank after every valid item of the tile and are not written; the valid key is read again from the top-k
-  // by its value (the item) when it is written. Later passes sort the keys themselves; their only padding is past
-  // the last valid item (CSR_PAD_KEY, last in input order, so it never ranks before a valid item of its digit).
-  const bool first = p.pass == 0;
-  unsigned keys[CSR_ITEMS];
-  int vals[CSR_ITEMS];
-  // Blocked arrangement: rank order = input order, which the stable block sort keeps per digit.
+  Scan(tmp).ExclusiveSum(v, v);
 #pragma unroll
-  for (int j = 0; j < CSR_ITEMS; ++j) {
-    const int i = base + threadIdx.x * CSR_ITEMS + j;
-    if (first) {
-      const unsigned key = i < n ? csr_key_from_topk(p, i) : (unsigned)p.num_kv;
-      keys[j] = key == (unsigned)p.num_kv ? CSR_DIGITS : (unsigned)csr_digit(key, 0);
-      vals[j] = i;
-    } else if (i < n) {
-      keys[j] = (unsigned)p.csr_keys[p.pass % 2][i];
-      vals[j] = p.csr_vals[p.pass % 2][i];
-    } else {
-      keys[j] = CSR_PAD_KEY;
-      vals[j] = -1;
-    }
-  }
-  if (first)
-    BlockSort(sort_tmp).Sort(keys, vals, 0, CSR_RADIX_BITS + 1);
-  else
-    BlockSort(sort_tmp).Sort(keys, vals, shift, shift + CSR_RADIX_BITS);
-  // An item's digit (CSR_DIGITS: not written) after the sort.
-  auto digit_of = [&](unsigned key) {
-    return first ? (int)key : key == CSR_PAD_KEY ? CSR_DIGITS : csr_digit(key, shift);
-  };
-
-  s_last[threadIdx.x] = digit_of(keys[CSR_ITEMS - 1]);
-  __syncthreads();
-  int prev = threadIdx.x == 0 ? -1 : s_last[threadIdx.x - 1];
-#pragma unroll
-  for (int j = 0; j < CSR_ITEMS; ++j) {
-    const int d = digit_of(keys[j]);
-    if (d != prev && d < CSR_DIGITS) s_start[d] = threadIdx.x * CSR_ITEMS + j;  // one writer per digit
-    prev = d;
-  }
-  __syncthreads();
-
-  int* keys_out = p.csr_keys[(p.pass + 1) % 2];
-  int* vals_out = p.csr_vals[(p.pass + 1) % 2];
-#pragma unroll
-  for (int j = 0; j < CSR_ITEMS; ++j) {
-    const int d = digit_of(keys[j]);
-    if (d == CSR_DIGITS) continue;
-    const int pos = p.csr_hist[d * p.csr_tiles + blockIdx.x] + (threadIdx.x * CSR_ITEMS + j - s_start[d]);
-    keys_out[pos] = first ? (int)csr_key_from_topk(p, vals[j]) : (int)keys[j];
-    vals_out[pos] = vals[j];
+  for (int u = 0; u < PER; ++u) {
+    const int b = threadIdx.x * PER + u;
+    if (b < CSR_DIGITS) bins[b] = v[u];
   }
 }
 
-// row_ptr[j] = first sorted position whose key >= j, j = 0..num_kv - 1 (row_ptr[num_kv] = n_valid is pass 0's).
-// Position i (0..n_valid) writes the j in (key[i-1], key[i]] (with key[-1] = -1 and key[n_valid] = num_kv): each j
-// exactly once.
+// Pass p.pass of the sort: buffer pass % 2 -> (pass + 1) % 2. Grid: csr_os_tiles(p) blocks (each takes the next tile
+// from the pass's counter, so the look-back only ever waits for tiles already running).
+extern "C" __global__ void __launch_bounds__(CSR_OS_THREADS) smla_csr_onesweep(SmlaParams p) {
+  typedef cub::detail::radix_sort::AgentRadixSortOnesweep<CsrOnesweepPolicy, false, unsigned, int, int, int> Agent;
+  __shared__ typename Agent::TempStorage tmp;
+  const int in = p.pass % 2, out = (p.pass + 1) % 2;
+  Agent(tmp, csr_lookback(p, p.pass), csr_ctrs(p) + p.pass, nullptr, csr_bins(p) + p.pass * CSR_DIGITS,
+        reinterpret_cast<unsigned*>(p.csr_keys[out]), reinterpret_cast<const unsigned*>(p.csr_keys[in]),
+        p.csr_vals[out], p.csr_vals[in], csr_n(p), p.pass * CSR_RADIX_BITS, CSR_RADIX_BITS)
+      .Process();
+}
+
+// row_ptr[j] = first sorted position whose key >= j, j = 0..num_kv (row_ptr[num_kv]: where the empty slots start,
+// the number of valid items). Position i (0..n) writes the j in (key[i-1], min(key[i], num_kv)] (key[-1] = -1,
+// key[n] = num_kv + 1): each j exactly once.
 extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_rowptr(SmlaParams p) {
-  const int n = p.row_ptr[p.num_kv];
+  const int n = csr_n(p);
   const long long i = (long long)blockIdx.x * CSR_THREADS + threadIdx.x;
   if (i > n) return;
   const int* keys = p.csr_keys[p.csr_final];
-  const int cur = i < n ? keys[i] : p.num_kv;
+  const int cur = i < n ? keys[i] : p.num_kv + 1;
   const int prev = i == 0 ? -1 : keys[i - 1];
-  const int hi = min(cur, p.num_kv - 1);
+  const int hi = min(cur, p.num_kv);
   for (int j = prev + 1; j <= hi; ++j) p.row_ptr[j] = (int)i;
 }

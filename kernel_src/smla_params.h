@@ -22,7 +22,8 @@
 //   csr_keys[2], csr_vals[2] i32 [T*r_chunk] radix sort ping-pong; key = kv row (num_kv for an
 //           empty or out-of-range slot), value = t*r_chunk + rr. After the sort, the sorted values
 //           are in csr_vals[csr_final]; the sort is stable, so equal keys keep slot order.
-//   csr_hist  i32 [radix_digits * csr_tiles]   per-tile digit counts, digit-major
+//   csr_hist  i32                      the csr sort's scratch (CUDA: bins, tile counters, look-back, csr.cu;
+//                                      AMD: rocPRIM's temporary storage)
 //   row_ptr   i32 [num_kv + 1]         row j's contributors are sorted[row_ptr[j] .. row_ptr[j+1])
 //   dkv_acc f32  [num_kv*D]            fp32 dkv accumulated over chunks
 //   index_report i32 [4]               {count of bad indices, t, r, value} of the first bad one
@@ -77,7 +78,7 @@ struct SmlaParams {
   int* row_ptr;
   float* dkv_acc;
   int* index_report;
-  int csr_tiles, csr_tile_items, radix_bits, radix_passes, csr_final;
+  int radix_bits, radix_passes, csr_final;
 };
 
 #endif  // SMLA_PARAMS_H

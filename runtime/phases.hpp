@@ -22,13 +22,11 @@ struct ShapeInfo {
   int r_chunk = 0, n_chunks = 1;
   bool has_sink = false;
   bool check_indices = false;
-  // csr sort geometry (chosen by the planner, used by the workspace layout too)
-  int csr_tile_items = 2048;
+  // csr sort geometry (chosen by the planner)
   int radix_bits = 8;
   int radix_passes = 1;
-  int csr_tiles = 1;
-  /// Temporary storage of a library sort (rocPRIM on AMD) that the csr_hist region must also
-  /// hold; 0 where the sort is our own kernels (CUDA) or there is none (CPU).
+  /// The csr sort's scratch, the csr_hist region: CUDA's onesweep bins, tile counters and look-back
+  /// (cuda_csr_scratch_bytes), rocPRIM's temporary storage on AMD; 0 on the CPU. Set by plan().
   size_t csr_sort_temp_bytes = 0;
   // tile choices for the matrix phases (0 = the backend's default)
   int dq_block_h = 0, dq_block_r = 0;

@@ -133,8 +133,6 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   s.scale = p.scale ? *p.scale : float(1.0 / std::sqrt(512.0));
   s.lse_mode = (p.lse.base2 ? SMLA_LSE_BASE2 : 0) | (p.lse.includes_sink ? 0 : SMLA_LSE_EXCLUDES_SINK);
   s.check_indices = p.check_indices ? 1 : 0;
-  s.csr_tiles = shape_.csr_tiles;
-  s.csr_tile_items = shape_.csr_tile_items;
   s.radix_bits = shape_.radix_bits;
   s.radix_passes = shape_.radix_passes;
   s.csr_final = shape_.radix_passes % 2;

@@ -1,6 +1,7 @@
 // planner.cpp: validation, chunking and phase order.
 #include "planner.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -72,7 +73,9 @@ int csr_key_bits(int64_t num_kv) {
 
 int radix_passes_for(int64_t num_kv, int bits) { return (csr_key_bits(num_kv) + bits - 1) / bits; }
 
-int radix_bits_for_passes(int64_t num_kv, int passes) { return (csr_key_bits(num_kv) + passes - 1) / passes; }
+int radix_bits_for_passes(int64_t num_kv, int passes) {
+  return std::max(kCsrMinRadixBits, (csr_key_bits(num_kv) + passes - 1) / passes);
+}
 
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   ShapeInfo s;
@@ -85,13 +88,9 @@ ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   s.r_chunk = int(p.r_chunk ? p.r_chunk : default_r_chunk(p.T, p.topk, interm_budget_bytes));
   s.n_chunks = s.topk / s.r_chunk;
   // As few passes as 8-bit digits need, each with the fewest digits that still cover the keys (13 bits at the
-  // seed's num_kv: 2 passes of 7 rather than 8 + 5), and 4096-item tiles: the single-block scan of each pass runs
-  // over digits x tiles counts (256 x 1024 at the seed before, 128 x 512 now).
+  // seed's num_kv: 2 passes of 7 rather than 8 + 5; fewer digits, a smaller look-back), but never under 5 bits.
   s.radix_passes = radix_passes_for(p.num_kv, 8);
   s.radix_bits = radix_bits_for_passes(p.num_kv, s.radix_passes);
-  s.csr_tile_items = 4096;
-  const int64_t items = int64_t(s.T) * s.r_chunk;
-  s.csr_tiles = int((items + s.csr_tile_items - 1) / s.csr_tile_items);
   return s;
 }
 

@@ -21,8 +21,10 @@ int64_t default_r_chunk(int64_t T, int64_t topk, size_t interm_budget_bytes);
 int csr_key_bits(int64_t num_kv);
 /// Radix passes of `bits` bits each that cover the keys.
 int radix_passes_for(int64_t num_kv, int bits);
-/// The fewest bits per pass with which `passes` passes cover the keys.
+/// The fewest bits per pass with which `passes` passes cover the keys, and at least kCsrMinRadixBits.
 int radix_bits_for_passes(int64_t num_kv, int passes);
+/// CUDA's csr sort (CUB's onesweep) ranks 2^bits digits with a warp's 32 lanes: at least 32 digits a pass.
+constexpr int kCsrMinRadixBits = 5;
 
 /// The planner's choices for a validated problem (chunking, csr geometry, tiles).
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes);

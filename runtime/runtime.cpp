@@ -209,6 +209,8 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   if (kind == BackendKind::Cuda) {
     std::string not_ok;
     if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
+    // csr's onesweep sort keeps its bins, tile counters and look-back in the csr_hist region.
+    plan->shape_.csr_sort_temp_bytes = static_cast<size_t>(cuda_csr_scratch_bytes(plan->shape_));
   }
   if (kind == BackendKind::Hip) {
     std::string not_ok;

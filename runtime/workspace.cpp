@@ -31,7 +31,7 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   put(w.csr_keys1, items * sizeof(int));
   put(w.csr_vals0, items * sizeof(int));
   put(w.csr_vals1, items * sizeof(int));
-  put(w.csr_hist, std::max((size_t(1) << s.radix_bits) * size_t(s.csr_tiles) * sizeof(int), s.csr_sort_temp_bytes));
+  put(w.csr_hist, s.csr_sort_temp_bytes);  // the backend's sort scratch (none on the CPU)
   put(w.row_ptr, (KV + 1) * sizeof(int));
   put(w.dkv_acc, s.n_chunks > 1 ? KV * D * sizeof(float) : 0);
   put(w.index_report, 4 * sizeof(int));

@@ -146,7 +146,7 @@ Outputs run_phases(const Inputs& in, const std::vector<float>& lse, const Option
   p.csr_keys[0] = keys0.data(), p.csr_keys[1] = keys1.data();
   p.csr_vals[0] = vals0.data(), p.csr_vals[1] = vals1.data();
   p.csr_hist = hist.data(), p.row_ptr = row_ptr.data(), p.index_report = report.data();
-  p.csr_tiles = 1, p.csr_tile_items = static_cast<int>(items), p.radix_bits = 8;
+  p.radix_bits = 8;
   p.radix_passes = o.csr_final, p.csr_final = o.csr_final;
 
   Outputs out;

@@ -146,6 +146,31 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   EXPECT_GE(compile_all("sm_90a", specs), 4);  // dq and dkv_interm wgmma bodies, at several H
 }
 
+TEST(NvrtcOffline, CsrCompilesAtEveryDigitWidthThePlannerPicks) {
+  // CUB's onesweep (csr.cu) instantiates per digit width, and below 5 bits it does not compile: every width the
+  // planner can pick (keys of 3 bits at num_kv 5 up to 3 passes at 2^20) is compiled for sm_90a here.
+  std::vector<ShapeInfo> shapes;
+  std::set<int> widths;
+  for (int64_t num_kv : {1, 5, 40, 100, 200, 5120, 70000, 1 << 20}) {
+    Problem p;
+    p.T = 257, p.H = 64, p.num_kv = num_kv, p.topk = 512, p.has_sink = true;
+    ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+    s.sm90a = true;
+    std::string why;
+    EXPECT_TRUE(cuda_shape_supported(s, &why)) << "num_kv " << num_kv << ": " << why;
+    widths.insert(s.radix_bits);
+    shapes.push_back(s);
+  }
+  EXPECT_EQ(widths, (std::set<int>{5, 6, 7, 8}));
+  std::vector<KernelSpec> csr;  // one launch a width: the whole unit is compiled (onesweep's entry is checked)
+  for (const KernelSpec& k : cuda_all_kernels(shapes))
+    if (k.entry == "smla_csr_onesweep") csr.push_back(k);
+  std::set<long long> compiled_widths;
+  for (const KernelSpec& k : csr) compiled_widths.insert(define_of(k, "CSR_RADIX_BITS"));
+  EXPECT_EQ(compiled_widths, (std::set<long long>{5, 6, 7, 8}));
+  compile_all("sm_90a", csr);
+}
+
 TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;

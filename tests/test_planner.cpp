@@ -101,9 +101,16 @@ TEST(Planner, CsrDigitsAreAsNarrowAsThePassesAllow) {
     EXPECT_GE(s.radix_passes * s.radix_bits, csr_key_bits(num_kv)) << num_kv;
     EXPECT_LT((s.radix_passes) * (s.radix_bits - 1), csr_key_bits(num_kv)) << num_kv;
     EXPECT_LE(s.radix_bits, 8);
-    EXPECT_EQ(s.csr_tile_items, 4096);
-    EXPECT_EQ(int64_t(s.csr_tiles), (s.T * int64_t(s.r_chunk) + 4095) / 4096);
   }
+  // Keys of fewer bits still get 5-bit digits (CUB's onesweep needs 32 digits); one pass covers them.
+  for (int64_t num_kv : {1, 5, 15, 16, 31}) {
+    Problem p = seed_problem();
+    p.num_kv = num_kv;
+    const ShapeInfo s = choose_shape(p, size_t(4) << 30);
+    EXPECT_EQ(s.radix_passes, 1) << num_kv;
+    EXPECT_EQ(s.radix_bits, kCsrMinRadixBits) << num_kv;
+  }
+  EXPECT_EQ(csr_key_bits(5), 3);
 }
 
 TEST(Planner, StepOrderFollowsThePipeline) {

@@ -2,6 +2,7 @@
 // constants and geometry. Shared-memory sizes come from the layout functions in common.cuh, the
 // same ones the kernels carve their shared memory with.
 #include "kernels_cuda.hpp"
+#include "../planner.hpp"
 #include "../shared_specs.hpp"
 
 #include <algorithm>
@@ -18,8 +19,12 @@ namespace {
 
 constexpr unsigned kMaxSmem = 227u * 1024u;  // per-block opt-in limit of sm_90; the planner checks the device's own
 constexpr int kSmallThreads = 256;           // block size of the memory-bound kernels
-constexpr int kScanThreads = 1024;
-constexpr int kCsrMaxTile = 4096;            // CUB block sort temp storage must fit static smem
+// csr (csr.cu): CUB's onesweep radix sort; its tiles as CUB tunes them for sm_90 (4-byte keys and values).
+constexpr int kCsrOsThreads = 384, kCsrOsItems = 23, kCsrOsTile = kCsrOsThreads * kCsrOsItems;
+constexpr int kCsrHistThreads = 128, kCsrHistItems = 16;
+constexpr int kCsrSumThreads = 256;           // CSR_SUM_THREADS
+constexpr int kCsrCtrInts = 32;               // CSR_CTR_INTS
+constexpr long long kCsrMaxItems = ((1ll << 28) - 1) / kCsrOsTile * kCsrOsTile;  // one onesweep portion
 
 // The matrix kernels' tiles after applying the backend defaults (0 in ShapeInfo).
 struct Tiles {
@@ -150,17 +155,16 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     e << "dkv_interm tile " << t.dkv_block_r << "x" << t.dkv_block_d << " needs " << dkv_smem_of(t, s.H)
       << " B of shared memory (max " << kMaxSmem << "); ";
   // csr
-  if (s.radix_bits < 1 || s.radix_bits > 8) e << "radix_bits = " << s.radix_bits << " must be in [1, 8]; ";
-  if (s.csr_tile_items < kSmallThreads || s.csr_tile_items % kSmallThreads != 0 || s.csr_tile_items > kCsrMaxTile)
-    e << "csr_tile_items = " << s.csr_tile_items << " must be a multiple of " << kSmallThreads << " in [" << kSmallThreads
-      << ", " << kCsrMaxTile << "]; ";
+  if (s.radix_bits < kCsrMinRadixBits || s.radix_bits > 8)
+    e << "radix_bits = " << s.radix_bits << " must be in [" << kCsrMinRadixBits << ", 8] (CUB's onesweep); ";
+  if (s.radix_passes > kCsrCtrInts) e << "radix_passes = " << s.radix_passes << " must be at most " << kCsrCtrInts << "; ";
+  if (static_cast<long long>(s.T) * s.r_chunk > kCsrMaxItems)
+    e << "T x r_chunk = " << static_cast<long long>(s.T) * s.r_chunk << " exceeds csr's " << kCsrMaxItems
+      << " items a chunk (one onesweep portion); use a smaller r_chunk; ";
   // keys are 0..num_kv; shifts stay below 32
   if (s.radix_passes < 1 || s.radix_passes * s.radix_bits > 32 ||
       (s.radix_passes * s.radix_bits < 32 && (static_cast<long long>(s.num_kv) >> (s.radix_passes * s.radix_bits)) != 0))
     e << "radix_passes = " << s.radix_passes << " x radix_bits = " << s.radix_bits << " do not cover keys 0..num_kv; ";
-  if (s.csr_tile_items > 0 && s.r_chunk > 0 &&
-      static_cast<long long>(s.csr_tiles) != (static_cast<long long>(s.T) * s.r_chunk + s.csr_tile_items - 1) / s.csr_tile_items)
-    e << "csr_tiles = " << s.csr_tiles << " != ceil(T * r_chunk / csr_tile_items); ";
   const std::string msg = e.str();
   if (why) *why = msg;
   return msg.empty();
@@ -207,26 +211,39 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       return {k};
     }
     case Phase::Csr: {
-      const std::vector<std::pair<std::string, long long>> d{{"CSR_RADIX_BITS", s.radix_bits},
-                                                             {"CSR_TILE_ITEMS", s.csr_tile_items},
-                                                             {"CSR_THREADS", kSmallThreads},
-                                                             {"CSR_SCAN_THREADS", kScanThreads}};
+      const std::vector<std::pair<std::string, long long>> d{
+          {"CSR_RADIX_BITS", s.radix_bits},     {"CSR_THREADS", kSmallThreads},
+          {"CSR_OS_THREADS", kCsrOsThreads},    {"CSR_OS_ITEMS", kCsrOsItems},
+          {"CSR_HIST_THREADS", kCsrHistThreads}, {"CSR_HIST_ITEMS", kCsrHistItems}};
+      const long long items = static_cast<long long>(s.T) * s.r_chunk;
+      const long long scratch_ints = cuda_csr_scratch_bytes(s) / static_cast<long long>(sizeof(int));
       std::vector<KernelSpec> v;
-      for (int pass = 0; pass < s.radix_passes; ++pass) {
-        v.push_back(make_spec("csr", "smla_csr_hist", d, grid_xy(s.csr_tiles), kSmallThreads, 0, pass));
-        v.push_back(make_spec("csr", "smla_csr_scan", d, grid_xy(1), kScanThreads, 0, pass));
-        v.push_back(make_spec("csr", "smla_csr_scatter", d, grid_xy(s.csr_tiles), kSmallThreads, 0, pass));
-      }
+      v.push_back(make_spec("csr", "smla_csr_keys", d,
+                            grid_xy(ceil_div(std::max(items, scratch_ints), kSmallThreads)), kSmallThreads, 0, 0));
+      // the histogram's blocks stride over its tiles: a few waves of them, not one a tile
+      const long long hist_blocks = std::min<long long>(ceil_div(items, kCsrHistThreads * kCsrHistItems), 1024);
+      v.push_back(make_spec("csr", "smla_csr_histogram", d, grid_xy(std::max<long long>(hist_blocks, 1)),
+                            kCsrHistThreads, 0, 0));
+      v.push_back(make_spec("csr", "smla_csr_exclusive", d, grid_xy(s.radix_passes), kCsrSumThreads, 0, 0));
+      for (int pass = 0; pass < s.radix_passes; ++pass)
+        v.push_back(make_spec("csr", "smla_csr_onesweep", d, grid_xy(ceil_div(items, kCsrOsTile)), kCsrOsThreads, 0,
+                              pass));
       // positions 0..n inclusive: n + 1 threads
-      v.push_back(make_spec("csr", "smla_csr_rowptr", d,
-                       grid_xy(ceil_div(static_cast<long long>(s.T) * s.r_chunk + 1, kSmallThreads)), kSmallThreads, 0,
-                       s.radix_passes - 1));
+      v.push_back(make_spec("csr", "smla_csr_rowptr", d, grid_xy(ceil_div(items + 1, kSmallThreads)), kSmallThreads,
+                            0, s.radix_passes - 1));
       return v;
     }
     default:
       break;
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
+}
+
+long long cuda_csr_scratch_bytes(const ShapeInfo& s) {
+  // csr.cu's layout in csr_hist: bins [passes][digits], the tile counters (kCsrCtrInts), look-back
+  // [passes][tiles][digits]
+  const long long digits = 1ll << s.radix_bits, tiles = ceil_div(static_cast<long long>(s.T) * s.r_chunk, kCsrOsTile);
+  return (s.radix_passes * digits + kCsrCtrInts + s.radix_passes * tiles * digits) * static_cast<long long>(sizeof(int));
 }
 
 std::vector<KernelSpec> cuda_all_kernels(const std::vector<ShapeInfo>& shapes) {

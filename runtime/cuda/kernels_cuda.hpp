@@ -20,4 +20,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s);
 /// (first occurrence's geometry kept), for offline compile tests and warm-up.
 std::vector<KernelSpec> cuda_all_kernels(const std::vector<ShapeInfo>& shapes);
 
+/// Bytes of csr's sort scratch (bins, tile counters, look-back) in the csr_hist region for this shape.
+long long cuda_csr_scratch_bytes(const ShapeInfo& s);
+
 }  // namespace smla
