@@ -12,7 +12,9 @@
 //   sink, d_sink   : [H] contiguous
 //
 // Workspace regions (all contiguous, planner-owned; see runtime/workspace.hpp). Rows of a chunk
-// are indexed by the slot *within the chunk*, rr = r - r_start, 0 <= rr < r_chunk:
+// are indexed by the slot *within the chunk*, rr = r - r_start, 0 <= rr < r_chunk. T is the step's:
+// a token chunk's steps see its tokens as 0..T-1, with the per-token pointers moved to its first
+// (runtime/plan.cpp, PlanImpl::step_params):
 //   delta   f32  [T*H]                 (t*H + h)               rowsum(O*dO)
 //   lse_n   f32  [T*H]                 (t*H + h)               natural-log, sink-inclusive lse
 //   dq_acc  f32  [T*H*D]               ((t*H + h)*D + d)       only when n_chunks > 1, else null
@@ -59,7 +61,7 @@ struct SmlaParams {
   // ---- problem
   int T, H, num_kv, topk_n;
   int r_start, r_chunk;  // this step's chunk of the top-k: slots [r_start, r_start + r_chunk)
-  int n_chunks, chunk;   // chunk index of this step, 0-based
+  int n_chunks, chunk;   // chunk index of this step, 0-based (gather: among all token x top-k chunks)
   float scale;
   int lse_mode;          // SMLA_LSE_* bits
   int check_indices;     // nonzero: record the first out-of-range index in index_report

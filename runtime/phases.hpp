@@ -20,6 +20,7 @@ const char* phase_name(Phase p);
 struct ShapeInfo {
   int T = 0, H = 0, num_kv = 0, topk = 0;
   int r_chunk = 0, n_chunks = 1;
+  int t_chunk = 0, t_chunks = 1;  // tokens a chunk (the last may be shorter; 0: T), token chunks
   bool has_sink = false;
   bool check_indices = false;
   // csr sort geometry (chosen by the planner)
@@ -39,6 +40,10 @@ struct ShapeInfo {
   int dkv_impl = 0;
   /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
   bool sm90a = false;
+  /// Slots of one chunk (token chunk x top-k chunk): the rows of ds, pm, interm and the csr sort.
+  long long chunk_items() const { return static_cast<long long>(t_chunk > 0 ? t_chunk : T) * r_chunk; }
+  /// Chunks in all, the length of gather's dkv accumulation.
+  int all_chunks() const { return n_chunks * t_chunks; }
 };
 
 struct Dim3 {

@@ -140,13 +140,38 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   return s;
 }
 
-void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const {
+SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
   const Step& st = steps_[i];
   SmlaParams p = base;
   p.chunk = st.chunk;
   p.r_start = st.chunk * shape_.r_chunk;
   p.pass = st.spec.pass;
-  backend_->launch(*kernels_[i], st.spec, p, stream);
+  if (st.t_count) {
+    // A token chunk: its tokens are the kernels' 0..t_count-1. The per-token tensors and workspace rows start at
+    // t_start; ds, pm, interm and csr hold one chunk and dkv is over every token, so they stay.
+    const long long t0 = st.t_start, H = shape_.H;
+    p.T = st.t_count;
+    p.q += t0 * p.q_st;
+    p.o += t0 * p.o_st;
+    p.dout += t0 * p.do_st;
+    p.dq += t0 * p.dq_st;
+    p.lse += t0 * p.lse_st;
+    p.topk += t0 * p.topk_st;
+    p.delta += t0 * H;
+    p.lse_n += t0 * H;
+    if (p.dq_acc) p.dq_acc += t0 * H * SMLA_D;
+  }
+  if (st.phase == Phase::Gather) {
+    // dkv accumulates over every chunk, token and top-k alike: gather's chunk is its place in that sequence (dq's
+    // is the top-k chunk: its carry is per token).
+    p.n_chunks = shape_.all_chunks();
+    p.chunk = st.t_index * shape_.n_chunks + st.chunk;
+  }
+  return p;
+}
+
+void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const {
+  backend_->launch(*kernels_[i], steps_[i].spec, step_params(i, base), stream);
 }
 
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {

@@ -47,6 +47,8 @@ void validate_problem(const Problem& p) {
       bad("r_chunk", std::to_string(p.r_chunk),
           "0 (planner's choice) or a multiple of 16 that divides topk = " + std::to_string(p.topk));
   }
+  if (p.t_chunk != 0 && (p.t_chunk < 1 || p.t_chunk > p.T))
+    bad("t_chunk", std::to_string(p.t_chunk), "0 (planner's choice) or 1..T = " + std::to_string(p.T));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0))
     bad("scale", std::to_string(*p.scale), "a finite positive number");
   if (p.lse.includes_sink == false && !p.has_sink) {
@@ -55,14 +57,12 @@ void validate_problem(const Problem& p) {
   if (p.device < 0) bad("device", std::to_string(p.device), "a device index >= 0");
 }
 
-int64_t default_r_chunk(int64_t T, int64_t topk, size_t interm_budget_bytes) {
-  int64_t best = 16;
-  for (int64_t rc = 16; rc <= topk; rc += 16) {
-    if (topk % rc) continue;
-    const double bytes = double(T) * double(rc) * 512.0 * 2.0;
-    if (bytes <= double(interm_budget_bytes)) best = rc;
-  }
-  return best;
+int64_t default_t_chunk(int64_t T, int64_t r_chunk, size_t interm_budget_bytes) {
+  const double per_token = double(r_chunk) * 512.0 * 2.0;
+  const int64_t fit = std::max<int64_t>(1, int64_t(double(interm_budget_bytes) / per_token));
+  if (fit >= T) return T;
+  const int64_t chunks = (T + fit - 1) / fit;
+  return (T + chunks - 1) / chunks;  // equal chunks (the last may be shorter by less than one a chunk)
 }
 
 int csr_key_bits(int64_t num_kv) {
@@ -85,8 +85,13 @@ ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   s.topk = int(p.topk);
   s.has_sink = p.has_sink;
   s.check_indices = p.check_indices;
-  s.r_chunk = int(p.r_chunk ? p.r_chunk : default_r_chunk(p.T, p.topk, interm_budget_bytes));
+  // Over the interm budget the planner splits the tokens, never the top-k: a further top-k chunk re-reads Q and dO
+  // and carries dQ in fp32 through memory (dq 2.9 -> 3.8 ms at 4096,128,5120,1152 in two, perf notes v20), a
+  // further token chunk carries only dkv (num_kv x 512 fp32).
+  s.r_chunk = int(p.r_chunk ? p.r_chunk : p.topk);
   s.n_chunks = s.topk / s.r_chunk;
+  s.t_chunk = int(p.t_chunk ? p.t_chunk : default_t_chunk(p.T, s.r_chunk, interm_budget_bytes));
+  s.t_chunks = int((p.T + s.t_chunk - 1) / s.t_chunk);
   // As few passes as 8-bit digits need, each with the fewest digits that still cover the keys (13 bits at the
   // seed's num_kv: 2 passes of 7 rather than 8 + 5; fewer digits, a smaller look-back), but never under 5 bits.
   s.radix_passes = radix_passes_for(p.num_kv, 8);
@@ -94,24 +99,39 @@ ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {
   return s;
 }
 
+ShapeInfo token_chunk_shape(const ShapeInfo& s, int tc) {
+  ShapeInfo c = s;
+  c.T = std::min(s.t_chunk, s.T - tc * s.t_chunk);
+  c.t_chunk = c.T;
+  c.t_chunks = 1;
+  return c;
+}
+
 std::vector<Step> order_steps(const ShapeInfo& s, const KernelsOf& kernels_of) {
   std::vector<Step> steps;
-  auto add = [&](Phase ph, int chunk) {
+  // A step of token chunk `tc` (-1: every token, as check_topk, delta and d_sink run) and top-k chunk `chunk`.
+  auto add = [&](Phase ph, int tc, int chunk) {
     const size_t first = steps.size();
-    for (auto& k : kernels_of(ph, s)) steps.push_back(Step{ph, chunk, std::move(k)});
+    const ShapeInfo cs = tc < 0 ? s : token_chunk_shape(s, tc);
+    for (auto& k : kernels_of(ph, cs)) {
+      Step st{ph, chunk, std::move(k)};
+      if (tc >= 0) st.t_index = tc, st.t_start = tc * s.t_chunk, st.t_count = cs.T;
+      steps.push_back(std::move(st));
+    }
     for (size_t i = first; i < steps.size(); ++i) steps[i].side = ph == Phase::Csr;
     if (ph == Phase::Gather && first < steps.size()) steps[first].join = true;
   };
-  if (s.check_indices) add(Phase::CheckTopk, 0);
-  for (int c = 0; c < s.n_chunks; ++c) {
-    // csr of chunk c reads the top-k only; its regions are free once gather c - 1 (before it) is done.
-    add(Phase::Csr, c);
-    if (c == 0) add(Phase::Delta, 0);
-    add(Phase::Dq, c);
-    add(Phase::DkvInterm, c);
-    add(Phase::Gather, c);
-  }
-  if (s.has_sink) add(Phase::DSink, 0);
+  if (s.check_indices) add(Phase::CheckTopk, -1, 0);
+  for (int tc = 0; tc < s.t_chunks; ++tc)
+    for (int c = 0; c < s.n_chunks; ++c) {
+      // csr of a chunk reads the top-k only; its regions are free once the gather before it is done.
+      add(Phase::Csr, tc, c);
+      if (tc == 0 && c == 0) add(Phase::Delta, -1, 0);
+      add(Phase::Dq, tc, c);
+      add(Phase::DkvInterm, tc, c);
+      add(Phase::Gather, tc, c);
+    }
+  if (s.has_sink) add(Phase::DSink, -1, 0);
   return steps;
 }
 

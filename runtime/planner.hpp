@@ -13,9 +13,9 @@ namespace smla {
 /// unsupported. Changes nothing.
 void validate_problem(const Problem& p);
 
-/// Largest divisor of `topk` that is a multiple of 16 and keeps the interm buffer
-/// (T x r_chunk x 512 bf16) within `interm_budget_bytes`; 16 at least.
-int64_t default_r_chunk(int64_t T, int64_t topk, size_t interm_budget_bytes);
+/// Tokens a chunk: T where the interm buffer (T x r_chunk x 512 bf16) fits `interm_budget_bytes`, else the size of
+/// the fewest equal chunks that fit (1 at least).
+int64_t default_t_chunk(int64_t T, int64_t r_chunk, size_t interm_budget_bytes);
 
 /// Bits of the csr sort's keys: 0..num_kv (num_kv marks an empty slot).
 int csr_key_bits(int64_t num_kv);
@@ -28,11 +28,16 @@ constexpr int kCsrMinRadixBits = 5;
 
 /// The planner's choices for a validated problem (chunking, csr geometry, tiles).
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes);
+/// `s` as token chunk `tc` sees it: T = that chunk's tokens (the last may be shorter), one token chunk.
+ShapeInfo token_chunk_shape(const ShapeInfo& s, int tc);
 
 struct Step {
   Phase phase;
-  int chunk = 0;  ///< chunk index for per-chunk phases, 0 otherwise
+  int chunk = 0;  ///< top-k chunk index for per-chunk phases, 0 otherwise
   KernelSpec spec;
+  /// Token chunk of a per-chunk phase: its index, first token and token count; t_count 0 for the steps over every
+  /// token (check_topk, delta, d_sink). The step's params see tokens t_start.. as 0..t_count-1.
+  int t_index = 0, t_start = 0, t_count = 0;
   /// May run on a side stream beside the steps that follow it, up to the next `join` step (csr:
   /// it reads only the top-k and writes only its own regions).
   bool side = false;
@@ -42,8 +47,8 @@ struct Step {
 
 using KernelsOf = std::function<std::vector<KernelSpec>(Phase, const ShapeInfo&)>;
 
-/// The launch order: check_topk (opt-in); per chunk csr (a side step: it may overlap delta, dq and
-/// dkv_interm), [delta at chunk 0,] dq, dkv_interm, gather (joins csr); then d_sink (with a sink).
+/// The launch order: check_topk (opt-in); per token chunk, per top-k chunk: csr (a side step: it may overlap delta,
+/// dq and dkv_interm), [delta before the first dq,] dq, dkv_interm, gather (joins csr); then d_sink (with a sink).
 /// In order on one stream this is also a valid sequence.
 std::vector<Step> order_steps(const ShapeInfo& s, const KernelsOf& kernels_of);
 

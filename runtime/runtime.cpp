@@ -218,7 +218,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     // rocPRIM's sort keeps its temporary storage in the csr_hist region.
     const hip::RocprimSort* sort = hip::RocprimSort::get(&not_ok);
     if (!sort) SMLA_THROW(Status::NoBackend, "the AMD csr sort (libsmla_rocprim.so) is not available: " + not_ok);
-    plan->shape_.csr_sort_temp_bytes = sort->temp_bytes(plan->shape_.T * plan->shape_.r_chunk, 0,
+    plan->shape_.csr_sort_temp_bytes = sort->temp_bytes(plan->shape_.chunk_items(), 0,
                                                         hip::radix_bits_for(plan->shape_.num_kv));
   }
   plan->layout_ = layout_workspace(plan->shape_);
@@ -227,6 +227,8 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->info_.target = target;
   plan->info_.r_chunk = plan->shape_.r_chunk;
   plan->info_.n_chunks = plan->shape_.n_chunks;
+  plan->info_.t_chunk = plan->shape_.t_chunk;
+  plan->info_.t_chunks = plan->shape_.t_chunks;
   plan->info_.config_source = from_db ? "tuned" : cfg ? "explicit" : "heuristic";
   for (const Step& st : plan->steps_) {
     plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));

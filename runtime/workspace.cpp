@@ -19,8 +19,8 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
     r.bytes = bytes;
     cursor += (bytes + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
   };
-  const size_t T = s.T, H = s.H, RC = s.r_chunk, KV = s.num_kv, D = SMLA_D;
-  const size_t items = T * RC;
+  const size_t T = s.T, H = s.H, KV = s.num_kv, D = SMLA_D;
+  const size_t items = static_cast<size_t>(s.chunk_items());  // one chunk's slots
   put(w.delta, T * H * sizeof(float));
   put(w.lse_n, T * H * sizeof(float));
   put(w.dq_acc, s.n_chunks > 1 ? T * H * D * sizeof(float) : 0);
@@ -33,7 +33,7 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   put(w.csr_vals1, items * sizeof(int));
   put(w.csr_hist, s.csr_sort_temp_bytes);  // the backend's sort scratch (none on the CPU)
   put(w.row_ptr, (KV + 1) * sizeof(int));
-  put(w.dkv_acc, s.n_chunks > 1 ? KV * D * sizeof(float) : 0);
+  put(w.dkv_acc, s.all_chunks() > 1 ? KV * D * sizeof(float) : 0);
   put(w.index_report, 4 * sizeof(int));
   w.total = cursor;
   return w;

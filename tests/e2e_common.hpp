@@ -20,6 +20,7 @@ struct Case {
   bool empty_rows = false, repeats = false;
   LseKind lse = LseKind::Aiter;
   bool out_of_range = false;
+  int t_chunk = 0;  // tokens a chunk (0: the planner's choice)
 };
 
 inline std::string describe(const Case& c) {
@@ -28,7 +29,7 @@ inline std::string describe(const Case& c) {
     << (c.sink ? " sink" : " no-sink") << (c.kind == ref::TopkKind::Benchmark ? " bench-topk" : " uniform-topk")
     << (c.empty_rows ? " empty-rows" : "") << (c.repeats ? " repeats" : "")
     << (c.lse == LseKind::FlashMla ? " lse=base2-excl" : c.lse == LseKind::Base2Incl ? " lse=base2-incl" : "")
-    << (c.out_of_range ? " out-of-range" : "");
+    << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "");
   return s.str();
 }
 
@@ -55,7 +56,7 @@ inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
 
 inline Problem make_problem(BackendKind b, const Case& c) {
   Problem p;
-  p.T = c.T, p.H = c.H, p.num_kv = c.num_kv, p.topk = c.topk, p.r_chunk = c.r_chunk;
+  p.T = c.T, p.H = c.H, p.num_kv = c.num_kv, p.topk = c.topk, p.r_chunk = c.r_chunk, p.t_chunk = c.t_chunk;
   p.has_sink = c.sink;
   p.backend = b;
   if (c.lse == LseKind::FlashMla) p.lse = {true, false};

@@ -24,6 +24,11 @@ std::vector<Case> cpu_cases() {
       {40, 16, 90, 64, 0, true, K::Uniform, false, true, LseKind::FlashMla},
       {70, 16, 200, 160, 0, true, K::Benchmark, false, false, LseKind::Base2Incl},
       {50, 16, 120, 64, 32, true, K::Uniform, false, false, LseKind::Aiter, true},  // out-of-range indices
+      // token chunks (the last shorter), alone and with top-k chunks, with empty rows, repeats, out-of-range
+      // indices and FlashMLA's lse
+      {63, 16, 48, 64, 0, true, K::Uniform, false, false, LseKind::Aiter, false, 20},
+      {65, 64, 300, 64, 16, true, K::Uniform, true, true, LseKind::FlashMla, false, 16},
+      {50, 16, 120, 64, 32, false, K::Uniform, false, false, LseKind::Aiter, true, 17},
   };
 }
 
@@ -40,6 +45,9 @@ std::vector<Case> gpu_cases() {
       {1, 128, 5, 160, 0, true, K::Uniform, false, true},
       {4096, 64, 5120, 512, 0, true, K::Benchmark},
       {4096, 16, 4128, 160, 0, false, K::Benchmark},
+      {257, 128, 1300, 512, 0, true, K::Benchmark, false, false, LseKind::Aiter, false, 100},
+      {257, 128, 3000, 1152, 384, true, K::Benchmark, true, true, LseKind::FlashMla, false, 64},
+      {1000, 64, 5120, 640, 0, true, K::Benchmark, false, false, LseKind::Aiter, true, 333},
   };
   c.insert(c.end(), more.begin(), more.end());
   return c;

@@ -120,27 +120,33 @@ void check_phases(const Case& c, uint64_t seed) {
   auto groups = [](const PlanImpl& p) {
     std::vector<std::pair<std::string, std::vector<size_t>>> out;
     for (size_t i = 0; i < p.steps_.size(); ++i) {
-      const std::string key = std::string(phase_name(p.steps_[i].phase)) + "/" + std::to_string(p.steps_[i].chunk);
+      const std::string key = std::string(phase_name(p.steps_[i].phase)) + "/" + std::to_string(p.steps_[i].chunk) +
+                              (p.steps_[i].t_count ? " tokens " + std::to_string(p.steps_[i].t_start) : "");
       if (out.empty() || out.back().first != key) out.push_back({key, {}});
       out.back().second.push_back(i);
     }
     return out;
   };
   const auto gg = groups(*gplan), hg = groups(*cplan);
-  // The wgmma dq body computes delta itself at chunk 0 (no delta launch on the GPU): the CPU then
-  // runs its delta and dq/0 against that one GPU launch group, and delta/lse_n are compared too.
-  const bool gpu_delta = std::any_of(gg.begin(), gg.end(), [](const auto& x) { return x.first == "delta/0"; });
+  // The wgmma dq body computes delta itself at top-k chunk 0 of each token chunk (no delta launch on the GPU): the
+  // CPU then runs its delta (every token) and dq/0 against each such GPU launch group, and delta/lse_n are compared
+  // over that group's tokens.
+  const bool gpu_delta = std::any_of(gg.begin(), gg.end(), [](const auto& x) { return x.first.rfind("delta/", 0) == 0; });
   ASSERT_EQ(gg.size() + (gpu_delta ? 0 : 1), hg.size());
+  std::vector<size_t> cpu_delta;
+  for (size_t i = 0; i < cplan->steps_.size(); ++i)
+    if (cplan->steps_[i].phase == Phase::Delta) cpu_delta.push_back(i);
   size_t hk = 0;
   for (size_t k = 0; k < gg.size(); ++k, ++hk) {
     SCOPED_TRACE(gg[k].first);
+    const Step& first = gplan->steps_[gg[k].second.front()];
     std::vector<size_t> host_steps;
-    bool fused_delta = false;
-    if (!gpu_delta && hg[hk].first == "delta/0") {
-      ASSERT_EQ(gg[k].first, "dq/0");
-      host_steps = hg[hk++].second;
-      fused_delta = true;
+    if (!gpu_delta && hg[hk].first.rfind("delta/", 0) == 0) {
+      ASSERT_EQ(first.phase, Phase::Dq) << gg[k].first;
+      ++hk;  // the CPU's delta group: run below, before every first top-k chunk's dq
     }
+    const bool fused_delta = !gpu_delta && first.phase == Phase::Dq && first.chunk == 0;
+    if (fused_delta) host_steps = cpu_delta;
     ASSERT_EQ(gg[k].first, hg[hk].first);
     host_steps.insert(host_steps.end(), hg[hk].second.begin(), hg[hk].second.end());
     const State before = snapshot();
@@ -154,15 +160,17 @@ void check_phases(const Case& c, uint64_t seed) {
     // The slots of a token's chunk after its last valid one: their P, dS and interm rows are unspecified (the sm_90a
     // bodies do not run the tiles past it, and nothing reads them: csr gives an empty slot no kv row), so the CPU's
     // rows are taken there. Slots before it, valid or not, are compared. valid_end[t]: 1 + token t's last valid slot.
-    const int64_t rc = gbase.r_chunk, r0 = int64_t(gplan->steps_[gg[k].second.front()].chunk) * rc;
-    std::vector<int64_t> valid_end(size_t(c.T), 0);
-    for (int t = 0; t < c.T; ++t)
+    // The step's tokens (a token chunk's, or all): chunk rows are indexed by the token within the chunk.
+    const int t0 = first.t_start, nt = first.t_count ? first.t_count : c.T;
+    const int64_t rc = gbase.r_chunk, r0 = int64_t(first.chunk) * rc;
+    std::vector<int64_t> valid_end(size_t(nt), 0);
+    for (int t = 0; t < nt; ++t)
       for (int64_t rr = 0; rr < rc && r0 + rr < c.topk; ++rr) {
-        const int32_t kv = in.topk[size_t(t) * c.topk + size_t(r0 + rr)];
+        const int32_t kv = in.topk[size_t(t0 + t) * c.topk + size_t(r0 + rr)];
         if (kv >= 0 && kv < c.num_kv) valid_end[size_t(t)] = rr + 1;
       }
     auto unspecified_tail = [&](const Region& r, size_t row_bytes) {
-      for (int t = 0; t < c.T; ++t)
+      for (int t = 0; t < nt; ++t)
         for (int64_t rr = valid_end[size_t(t)]; rr < rc; ++rr) {
           const size_t off = (size_t(t) * rc + size_t(rr)) * row_bytes;
           ASSERT_LE(off + row_bytes, r.bytes);
@@ -175,7 +183,12 @@ void check_phases(const Case& c, uint64_t seed) {
       compare_region(r.name, bf16, integer, after.ws.data() + r.offset, hw + host_of(r).offset, r.bytes);
     };
     if (ph == "check_topk") region(L.index_report, false, true);
-    if (ph == "delta" || fused_delta) region(L.delta, false, false), region(L.lse_n, false, false);
+    if (ph == "delta") region(L.delta, false, false), region(L.lse_n, false, false);
+    if (fused_delta)  // this token chunk's rows
+      for (const Region* r : {&L.delta, &L.lse_n}) {
+        const size_t off = size_t(t0) * c.H * 4, bytes = size_t(nt) * c.H * 4;
+        compare_region(r->name, false, false, after.ws.data() + r->offset + off, hw + host_of(*r).offset + off, bytes);
+      }
     if (ph == "dq") {
       region(L.ds, true, false), region(L.pm, true, false), region(L.dq_acc, false, false);
       compare_region("dq", true, false, reinterpret_cast<const unsigned char*>(after.dq.data()),
@@ -209,6 +222,9 @@ TEST(PhasesGpu, EachPhaseAloneMatchesTheCheckedCpuPhase) {
       {1, 128, 20, 1152, 384, true, K::Uniform},
       // topk <= 320: the gather splits each row's contributors over four groups
       {300, 64, 1600, 96, 0, true, K::Benchmark, true, true},
+      // token chunks (75, 75, 75, 32), with and without top-k chunks
+      {257, 64, 700, 512, 128, true, K::Benchmark, true, true, LseKind::Aiter, false, 75},
+      {257, 128, 1300, 160, 0, true, K::Benchmark, false, false, LseKind::FlashMla, true, 75},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));

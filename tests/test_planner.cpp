@@ -46,6 +46,10 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "r_chunk", Status::InvalidArgument);
   p = seed_problem(), p.r_chunk = 8;
   expect_rejected(p, "r_chunk", Status::InvalidArgument);
+  p = seed_problem(), p.t_chunk = p.T + 1;
+  expect_rejected(p, "t_chunk", Status::InvalidArgument);
+  p = seed_problem(), p.t_chunk = -5;
+  expect_rejected(p, "t_chunk", Status::InvalidArgument);
   p = seed_problem(), p.scale = -1.0f;
   expect_rejected(p, "scale", Status::InvalidArgument);
   p = seed_problem(), p.device = -1;
@@ -54,29 +58,56 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "T * topk", Status::InvalidArgument);
 }
 
-TEST(Planner, DefaultBudgetLeavesTheSeedsInterm) {
-  // The default cap (RuntimeEnv, 4 GiB) keeps the DSv4 shapes up to T x TOPK = 4M unchunked: T 8192 at
-  // TOPK 512 measured 15.4 ms in two chunks against 10.7 unchunked on the H200 (docs/perf-notes.md, v4).
+TEST(Planner, DefaultBudgetSplitsTheTokensNotTheTopk) {
+  // The default cap (RuntimeEnv, 4 GiB) keeps the DSv4 shapes up to T x TOPK = 4M in one chunk; past it the planner
+  // splits the tokens: 4096,128,5120,1152 in two top-k chunks ran 6.5 ms, in one 5.3 (perf notes v20).
   const size_t budget = RuntimeEnv{}.interm_budget;
-  EXPECT_EQ(default_r_chunk(8192, 512, budget), 512);
-  EXPECT_EQ(default_r_chunk(4096, 1024, budget), 1024);
-  EXPECT_EQ(default_r_chunk(4096, 1152, budget), 576);   // 4.5 GiB unchunked: two chunks
-  EXPECT_EQ(default_r_chunk(16384, 512, budget), 256);
+  EXPECT_EQ(default_t_chunk(8192, 512, budget), 8192);
+  EXPECT_EQ(default_t_chunk(4096, 1024, budget), 4096);
+  EXPECT_EQ(default_t_chunk(4096, 1152, budget), 2048);   // 4.5 GiB in one: two token chunks
+  EXPECT_EQ(default_t_chunk(16384, 512, budget), 8192);
+  EXPECT_EQ(default_t_chunk(4097, 1152, budget), 2049);   // equal chunks, the last one token shorter
+  Problem p = seed_problem();
+  p.topk = 1152;
+  const ShapeInfo s = choose_shape(p, budget);
+  EXPECT_EQ(s.r_chunk, 1152);
+  EXPECT_EQ(s.n_chunks, 1);
+  EXPECT_EQ(s.t_chunk, 2048);
+  EXPECT_EQ(s.t_chunks, 2);
+  EXPECT_EQ(s.chunk_items(), 2048LL * 1152);
+  // The caller's r_chunk is kept; the tokens are split for what remains over the budget.
+  p.r_chunk = 576;
+  const ShapeInfo r = choose_shape(p, budget);
+  EXPECT_EQ(r.n_chunks, 2);
+  EXPECT_EQ(r.t_chunks, 1);
+  // The caller's t_chunk is kept too, whatever the budget.
+  p.r_chunk = 0, p.t_chunk = 1000;
+  const ShapeInfo t = choose_shape(p, budget);
+  EXPECT_EQ(t.t_chunk, 1000);
+  EXPECT_EQ(t.t_chunks, 5);  // 4 x 1000 + 96
+  EXPECT_EQ(token_chunk_shape(t, 4).T, 96);
+  EXPECT_EQ(token_chunk_shape(t, 0).T, 1000);
 }
 
-TEST(Planner, DefaultChunkRespectsTheBudgetAndDividesTopk) {
+TEST(Planner, DefaultTokenChunkRespectsTheBudget) {
   const size_t two_gib = size_t(2) << 30;
-  EXPECT_EQ(default_r_chunk(4096, 512, two_gib), 512);   // 2 GiB exactly: unchunked, as the seed
-  EXPECT_EQ(default_r_chunk(8192, 512, two_gib), 256);
-  EXPECT_EQ(default_r_chunk(4096, 1152, two_gib), 384);  // 1152 = 3 x 384
-  for (int64_t topk : {64, 160, 512, 640, 1152}) {
-    for (int64_t T : {1, 63, 4096, 16384}) {
-      const int64_t rc = default_r_chunk(T, topk, two_gib);
-      EXPECT_EQ(topk % rc, 0);
-      EXPECT_EQ(rc % 16, 0);
-      if (rc > 16) EXPECT_LE(double(T) * rc * 1024, double(two_gib));
+  EXPECT_EQ(default_t_chunk(4096, 512, two_gib), 4096);  // 2 GiB exactly: one chunk, as the seed
+  EXPECT_EQ(default_t_chunk(8192, 512, two_gib), 4096);
+  EXPECT_EQ(default_t_chunk(4096, 1152, two_gib), 1366);  // 3 chunks: 1366 + 1366 + 1364
+  for (int64_t topk : {64, 160, 512, 640, 1152, 8192}) {
+    for (int64_t T : {1, 63, 4096, 16384, 100000}) {
+      const int64_t tc = default_t_chunk(T, topk, two_gib);
+      ASSERT_GE(tc, 1);
+      ASSERT_LE(tc, T);
+      EXPECT_LE(double(tc) * topk * 1024, double(two_gib)) << T << " " << topk;
+      const int64_t chunks = (T + tc - 1) / tc;
+      // the fewest chunks: one fewer, of equal size, would not fit
+      if (chunks > 1) EXPECT_GT(double((T + chunks - 2) / (chunks - 1)) * topk * 1024, double(two_gib));
+      // equal chunks: the last is shorter by less than the number of chunks
+      EXPECT_LT(chunks * tc - T, chunks);
     }
   }
+  EXPECT_EQ(default_t_chunk(100, 8192, 1024), 1);  // a budget under one token's interm: one token a chunk
 }
 
 TEST(Planner, RadixPassesCoverTheEmptyKey) {
@@ -163,6 +194,50 @@ TEST(Planner, StepOrderFollowsThePipeline) {
   const auto no_sink = order_steps(choose_shape(p, size_t(2) << 30), one_each);
   EXPECT_EQ(no_sink.front().phase, Phase::Csr);
   EXPECT_EQ(no_sink.back().phase, Phase::Gather);
+}
+
+TEST(Planner, TokenChunksEachRunEveryTopkChunk) {
+  Problem p = seed_problem();
+  p.T = 2500, p.r_chunk = 256, p.t_chunk = 1000;  // token chunks of 1000, 1000, 500; two top-k chunks
+  const ShapeInfo s = choose_shape(p, size_t(4) << 30);
+  ASSERT_EQ(s.t_chunks, 3);
+  ASSERT_EQ(s.n_chunks, 2);
+  std::vector<int> seen_t;  // the T each per-chunk phase was planned with
+  auto one_each = [&](Phase ph, const ShapeInfo& sh) {
+    if (ph == Phase::Dq) seen_t.push_back(sh.T);
+    KernelSpec k;
+    k.entry = phase_name(ph);
+    return std::vector<KernelSpec>{k};
+  };
+  const auto steps = order_steps(s, one_each);
+  EXPECT_EQ(seen_t, (std::vector<int>{1000, 1000, 1000, 1000, 500, 500}));
+  std::vector<std::string> names;
+  for (const auto& st : steps)
+    names.push_back(st.spec.entry + "/" + std::to_string(st.t_start) + "+" + std::to_string(st.t_count) + "/" +
+                    std::to_string(st.chunk));
+  std::vector<std::string> want;
+  for (int tc = 0; tc < 3; ++tc)
+    for (int c = 0; c < 2; ++c) {
+      const std::string t = std::to_string(tc * 1000) + "+" + std::to_string(tc < 2 ? 1000 : 500);
+      want.push_back("csr/" + t + "/" + std::to_string(c));
+      if (tc == 0 && c == 0) want.push_back("delta/0+0/0");  // over every token
+      for (const char* ph : {"dq", "dkv_interm", "gather"}) want.push_back(std::string(ph) + "/" + t + "/" + std::to_string(c));
+    }
+  want.push_back("d_sink/0+0/0");
+  EXPECT_EQ(names, want);
+  for (const auto& st : steps)
+    if (st.t_count) EXPECT_EQ(st.t_index, st.t_start / 1000);
+  // One chunk's slots size the chunk regions; dkv_acc is there for the token chunks, dq_acc for the top-k ones.
+  const WorkspaceLayout w = layout_workspace(s);
+  EXPECT_EQ(w.interm.bytes, size_t(1000) * 256 * 512 * 2);
+  EXPECT_EQ(w.csr_vals0.bytes, size_t(1000) * 256 * 4);
+  EXPECT_EQ(w.delta.bytes, size_t(2500) * p.H * 4);
+  EXPECT_GT(w.dkv_acc.bytes, 0u);
+  EXPECT_EQ(w.dq_acc.bytes, size_t(2500) * p.H * 512 * 4);
+  p.r_chunk = 0;
+  const WorkspaceLayout one_topk = layout_workspace(choose_shape(p, size_t(4) << 30));
+  EXPECT_EQ(one_topk.dq_acc.bytes, 0u);  // token chunks alone carry no dQ
+  EXPECT_GT(one_topk.dkv_acc.bytes, 0u);
 }
 
 TEST(Planner, WorkspaceRegionsAreAlignedDisjointAndSized) {

@@ -214,7 +214,7 @@ TEST(Warmup, TPolicyNewTReusesTheKernels) {
   const size_t budget = runtime_env().interm_budget;
   Problem p1 = seed_problem(), p9 = seed_problem();
   p1.T = 1000, p9.T = 9000;
-  ASSERT_NE(choose_shape(p1, budget).r_chunk, choose_shape(p9, budget).r_chunk) << "the test needs T to change the chunking";
+  ASSERT_NE(choose_shape(p1, budget).t_chunks, choose_shape(p9, budget).t_chunks) << "the test needs T to change the chunking";
   const auto k1000 = keys_for(1000), k4096 = keys_for(4096), k9000 = keys_for(9000);
   EXPECT_FALSE(k4096.empty());
   EXPECT_EQ(k1000, k4096);

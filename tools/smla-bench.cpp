@@ -28,6 +28,7 @@ struct Options {
   std::string shape;
   std::string inputs_dir;  // --inputs-dir: the reference inputs kept between processes (tools/inputs_file.hpp)
   int64_t r_chunk = 0;
+  int64_t t_chunk = 0;
   bool no_sink = false, check = false, json = false, breakdown = false, uniform = false;
   int warmup = -1, repeat = -1;
   int gemm_n = 8192;
@@ -196,6 +197,7 @@ int run(const Options& o) {
   }
   p.has_sink = !o.no_sink;
   p.r_chunk = o.r_chunk;
+  p.t_chunk = o.t_chunk;
 
   // One plan per (dq body, dkv_interm body) pair asked for (a body that cannot run here fails with the planner's
   // reason).
@@ -276,6 +278,7 @@ int run(const Options& o) {
     j["target"] = info.target;
     j["T"] = p.T, j["H"] = p.H, j["num_kv"] = p.num_kv, j["topk"] = p.topk;
     j["r_chunk"] = info.r_chunk, j["n_chunks"] = info.n_chunks, j["sink"] = p.has_sink;
+    j["t_chunk"] = info.t_chunk, j["t_chunks"] = info.t_chunks;
     j["config"] = info.config_source;
     j["dq_impl"] = c.dq_impl, j["dkv_impl"] = c.dkv_impl;
     j["ms"] = ms, j["tflops"] = tflops, j["repeats"] = repeat, j["rounds"] = rounds;
@@ -305,11 +308,11 @@ int run(const Options& o) {
     if (o.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld%s %s: %.3f ms, %.3g TFLOP/s "
+      std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld t_chunk=%lld%s %s: %.3f ms, %.3g TFLOP/s "
                   "(median of %d rounds of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan "
                   "%.2f ms)%s\n",
                   info.backend.c_str(), info.target.c_str(), (long long)p.T, (long long)p.H, (long long)p.num_kv,
-                  (long long)p.topk, (long long)info.r_chunk, p.has_sink ? " sink" : "", c.label().c_str(), ms, tflops,
+                  (long long)p.topk, (long long)info.r_chunk, (long long)info.t_chunk, p.has_sink ? " sink" : "", c.label().c_str(), ms, tflops,
                   rounds, repeat, info.config_source.c_str(), c.plan_ms, info.compiled, info.loaded_from_disk,
                   c.plan2_ms,
                   cases.size() > 1 ? (" ratio to the first " + std::to_string(j["ratio_to_first"].get<double>())).c_str()
@@ -326,7 +329,8 @@ int main(int argc, char** argv) {
   Options o;
   app.add_option("--backend", o.backend, "auto|cuda|cpu|hip")->check(CLI::IsMember({"auto", "cuda", "cpu", "hip"}));
   app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK (default: 4096,128,5120,512 on a GPU, 256,16,320,160 on the CPU)");
-  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK (0: the planner's choice)");
+  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)");
+  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk (0: the planner's choice: as few equal chunks as the interm budget allows)");
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--check", o.check, "compare with the float64 reference (exit 1 when off the bar)");
   app.add_flag("--json", o.json, "one JSON object per run on its own line");

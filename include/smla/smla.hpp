@@ -69,9 +69,11 @@ struct Problem {
   int64_t head_dim = 512;  ///< must be 512
   bool has_sink = false;   ///< attn_sink given (then d_sink is produced)
   std::optional<float> scale;        ///< default 1/sqrt(512)
-  int64_t r_chunk = 0;     ///< 0: the planner chooses (the largest divisor of topk, a multiple of 16, whose
-                           ///< T x r_chunk x 512 bf16 intermediate fits SMLA_INTERM_BUDGET_BYTES, 4 GiB); else
-                           ///< must divide topk (multiple of 16)
+  int64_t r_chunk = 0;     ///< top-k slots a chunk: 0 = all of them (the planner's choice); else a multiple of 16
+                           ///< that divides topk. Each further top-k chunk carries dQ in fp32 (~1 ms at 4096 x 128)
+  int64_t t_chunk = 0;     ///< tokens a chunk: 0 = the planner's choice (as few equal token chunks as keep the
+                           ///< t_chunk x r_chunk x 512 bf16 intermediate within SMLA_INTERM_BUDGET_BYTES, 4 GiB);
+                           ///< else 1..T. Token chunks carry only dkv (num_kv x 512 fp32) from one to the next
   LseConvention lse;
   /// Check every index and record the first out-of-range one (see Plan::index_report).
   /// Out-of-range indices are always treated as empty slots; this only reports them.
@@ -127,7 +129,8 @@ struct BadIndex {
 struct PlanInfo {
   std::string backend;
   std::string target;
-  int64_t r_chunk = 0, n_chunks = 0;
+  int64_t r_chunk = 0, n_chunks = 0;  ///< top-k slots a chunk, top-k chunks (within each token chunk)
+  int64_t t_chunk = 0, t_chunks = 0;  ///< tokens a chunk, token chunks
   std::vector<std::string> kernels;  ///< entry names, in launch order
   std::string config_source;         ///< "heuristic" or "tuned"
   int compiled = 0;                  ///< kernels compiled by this plan() call

@@ -158,9 +158,9 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   if (s.radix_bits < kCsrMinRadixBits || s.radix_bits > 8)
     e << "radix_bits = " << s.radix_bits << " must be in [" << kCsrMinRadixBits << ", 8] (CUB's onesweep); ";
   if (s.radix_passes > kCsrCtrInts) e << "radix_passes = " << s.radix_passes << " must be at most " << kCsrCtrInts << "; ";
-  if (static_cast<long long>(s.T) * s.r_chunk > kCsrMaxItems)
-    e << "T x r_chunk = " << static_cast<long long>(s.T) * s.r_chunk << " exceeds csr's " << kCsrMaxItems
-      << " items a chunk (one onesweep portion); use a smaller r_chunk; ";
+  if (s.chunk_items() > kCsrMaxItems)
+    e << "t_chunk x r_chunk = " << s.chunk_items() << " exceeds csr's " << kCsrMaxItems
+      << " items a chunk (one onesweep portion); use a smaller t_chunk; ";
   // keys are 0..num_kv; shifts stay below 32
   if (s.radix_passes < 1 || s.radix_passes * s.radix_bits > 32 ||
       (s.radix_passes * s.radix_bits < 32 && (static_cast<long long>(s.num_kv) >> (s.radix_passes * s.radix_bits)) != 0))
@@ -242,7 +242,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
 long long cuda_csr_scratch_bytes(const ShapeInfo& s) {
   // csr.cu's layout in csr_hist: bins [passes][digits], the tile counters (kCsrCtrInts), look-back
   // [passes][tiles][digits]
-  const long long digits = 1ll << s.radix_bits, tiles = ceil_div(static_cast<long long>(s.T) * s.r_chunk, kCsrOsTile);
+  const long long digits = 1ll << s.radix_bits, tiles = ceil_div(s.chunk_items(), kCsrOsTile);
   return (s.radix_passes * digits + kCsrCtrInts + s.radix_passes * tiles * digits) * static_cast<long long>(sizeof(int));
 }
 
