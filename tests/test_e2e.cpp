@@ -68,5 +68,42 @@ TEST(E2E, CudaBackendMatchesReference) {
   }
 }
 
+// Token chunks change only the order of dkv's fp32 sums over tokens: a token's dq (and so delta, lse_n and d_sink)
+// is computed from its own rows the same way whatever chunk it is in, so dq and d_sink keep their bits.
+void expect_token_chunks_keep_dq_bits(BackendKind b, const Case& unchunked, int t_chunk) {
+  const ref::Inputs in = make_case_inputs(unchunked, 77);
+  auto run = [&](int tc) {
+    Case c = unchunked;
+    c.t_chunk = tc;
+    const Problem p = make_problem(b, c);
+    auto plan = shared_runtime().plan(p);
+    EXPECT_EQ(plan->info().t_chunks, tc ? (c.T + tc - 1) / tc : 1);
+    const std::vector<float> lse = case_lse(c, in);
+    tools::CaseRunner cr(p, in, &lse);
+    void* ws = cr.workspace(plan->workspace_bytes());
+    cr.poison_outputs();
+    plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+    return cr.read_outputs();
+  };
+  const tools::Outputs one = run(0), split = run(t_chunk);
+  EXPECT_TRUE(one.dq == split.dq) << "dq changed with token chunks";
+  EXPECT_TRUE(one.d_sink.size() == split.d_sink.size() &&
+              std::memcmp(one.d_sink.data(), split.d_sink.data(), one.d_sink.size() * 4) == 0)
+      << "d_sink changed with token chunks";
+  const ref::Grads g = ref::backward(in);
+  expect_bar("dkv without token chunks", ref::compare(g.dkv, one.dkv.data(), g.dkv.size()));
+  expect_bar("dkv with token chunks", ref::compare(g.dkv, split.dkv.data(), g.dkv.size()));
+  expect_bar("dq", ref::compare(g.dq, split.dq.data(), g.dq.size()));
+}
+
+TEST(E2E, TokenChunksKeepDqBitsOnTheCpu) {
+  expect_token_chunks_keep_dq_bits(BackendKind::Cpu, {70, 64, 300, 64, 0, true, ref::TopkKind::Benchmark}, 16);
+}
+
+TEST(E2E, TokenChunksKeepDqBitsOnCuda) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  expect_token_chunks_keep_dq_bits(BackendKind::Cuda, {1000, 128, 3000, 512, 0, true, ref::TopkKind::Benchmark}, 300);
+}
+
 }  // namespace
 }  // namespace smla::test
