@@ -167,9 +167,7 @@ TEST(Api, OneRuntimeServesManyThreads) {
   }
 }
 
-TEST(Api, CudaGraphReplayMatchesADirectRun) {
-  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): graph capture not run";
-  const Case c{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark};
+void capture_and_replay(const Case& c) {
   const ref::Inputs in = make_case_inputs(c, 21);
   const Problem p = make_problem(BackendKind::Cuda, c);
   auto plan = shared_runtime().plan(p);
@@ -196,6 +194,18 @@ TEST(Api, CudaGraphReplayMatchesADirectRun) {
   expect_same_bits(direct, replay);
   const ref::Grads g = ref::backward(in);
   expect_bar("dq", ref::compare(g.dq, replay.dq.data(), replay.dq.size()));
+  expect_bar("dkv", ref::compare(g.dkv, replay.dkv.data(), replay.dkv.size()));
+}
+
+TEST(Api, CudaGraphReplayMatchesADirectRun) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): graph capture not run";
+  // Two top-k chunks; then also three token chunks of them (the side stream forks and joins six times).
+  for (const Case& c : {Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark},
+                        Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark, false, false, LseKind::Aiter, false,
+                             100}}) {
+    SCOPED_TRACE(describe(c));
+    capture_and_replay(c);
+  }
 }
 
 TEST(CApi, ReportsStatusAndMessage) {
