@@ -184,7 +184,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   bool from_db = false;
   if (!cfg && be->compiler()) {
     const size_t budget = runtime_env().interm_budget;
-    if (auto t = impl_->tuning.lookup(target, p, budget)) {
+    if (auto t = impl_->tuning.lookup(target, p)) {
       std::string no;
       const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
       if (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no)) {

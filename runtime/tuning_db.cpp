@@ -292,16 +292,14 @@ std::optional<TuningEntry> TuningDb::find(const std::string& target, const Probl
   return std::nullopt;
 }
 
-std::optional<TileConfig> TuningDb::lookup(const std::string& target, const Problem& p,
-                                           size_t interm_budget_bytes) const {
+std::optional<TileConfig> TuningDb::lookup(const std::string& target, const Problem& p) const {
   std::optional<TuningEntry> e = find(target, p);
   if (!e) return std::nullopt;
   TileConfig c = e->config;
   if (p.r_chunk) {
     c.r_chunk = p.r_chunk;  // the caller's explicit choice wins
-  } else if (c.r_chunk && (p.topk % c.r_chunk != 0 ||
-                           double(p.T) * double(c.r_chunk) * 512.0 * 2.0 > double(interm_budget_bytes))) {
-    c.r_chunk = 0;  // would not fit this T's interm budget (or no longer divides): the planner's
+  } else if (c.r_chunk && p.topk % c.r_chunk != 0) {
+    c.r_chunk = 0;  // no longer divides: the planner's
   }
   return c;
 }

@@ -63,11 +63,10 @@ class TuningDb {
   explicit TuningDb(std::string path = {}, std::string runtime_version = {});
 
   /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
-  /// unreadable or corrupt file). When p.r_chunk is set, the caller's r_chunk is kept; a tuned
-  /// r_chunk whose interm buffer would exceed `interm_budget_bytes` at p.T is dropped (0).
+  /// unreadable or corrupt file). When p.r_chunk is set, the caller's r_chunk is kept. A tuned r_chunk holds at any
+  /// T of the bucket: where its interm would exceed the budget the planner splits the tokens.
   /// Thread-safe; re-reads the file only when it changed.
-  std::optional<TileConfig> lookup(const std::string& target, const Problem& p,
-                                   size_t interm_budget_bytes = ~size_t(0)) const;
+  std::optional<TileConfig> lookup(const std::string& target, const Problem& p) const;
   /// The stored entry with its timings.
   std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
 

@@ -204,7 +204,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
           continue;
         }
         std::optional<TileConfig> tuned;
-        if (db) tuned = db->lookup(target, p, budget);
+        if (db) tuned = db->lookup(target, p);
         ShapeInfo s = shape_with_config(p, tuned ? &*tuned : nullptr, budget, target);
         // A tuned config the kernels no longer accept is skipped, as plan() falls back then.
         if (tuned && !shape_supported(family, s, nullptr)) s = shape_with_config(p, nullptr, budget, target);

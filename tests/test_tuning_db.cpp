@@ -168,17 +168,23 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   for (const auto& m : w) EXPECT_NE(m.find("malformed entry"), std::string::npos) << m;
 }
 
-TEST(TuningDb, CallerRChunkAndInterimBudgetWin) {
+TEST(TuningDb, CallerRChunkWinsAndTheBudgetSplitsTokens) {
   TempDir d;
   TuningDb db(d.path + "/t.json", "v1");
   db.store("sm_90a", problem(4096), entry(64, 512));
   Problem p = problem(4096);
   p.r_chunk = 128;
   EXPECT_EQ(db.lookup("sm_90a", p)->r_chunk, 128);
-  // 4096 x 512 x 512 bf16 = 2 GiB: over a 1 GiB budget the tuned r_chunk is dropped (planner's).
-  EXPECT_EQ(db.lookup("sm_90a", problem(4096), size_t(1) << 30)->r_chunk, 0);
-  EXPECT_EQ(db.lookup("sm_90a", problem(4096), size_t(2) << 30)->r_chunk, 512);
-  EXPECT_EQ(db.lookup("sm_90a", problem(4096), size_t(1) << 30)->dq_block_h, 64);  // tiles kept
+  // The tuned r_chunk is kept at any T of the bucket; 4096 x 512 x 512 bf16 = 2 GiB over a 1 GiB budget is two token
+  // chunks, not another r_chunk.
+  const auto t = db.lookup("sm_90a", problem(4096));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->r_chunk, 512);
+  EXPECT_EQ(t->dq_block_h, 64);
+  const ShapeInfo s = shape_with_config(problem(4096), &*t, size_t(1) << 30);
+  EXPECT_EQ(s.r_chunk, 512);
+  EXPECT_EQ(s.t_chunks, 2);
+  EXPECT_LE(double(s.chunk_items()) * 1024, double(size_t(1) << 30));
 }
 
 TEST(TuningDb, ShapeWithConfigMatchesPlan) {

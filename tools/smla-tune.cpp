@@ -94,19 +94,19 @@ std::string label(const smla::TileConfig& c) {
   return b;
 }
 
-// Legal candidates: the grid of tiles x r_chunk (divisors of topk, multiples of 16, whose interm
-// buffer fits the budget at the top of p's T bucket, so the stored config is valid for every T
-// that looks it up), filtered by cuda_shape_supported. The heuristic comes first, then the largest
-// r_chunk first (fewest chunks, the likeliest winners), so a --max-seconds cut drops the unlikely ones.
+// Legal candidates: the grid of tiles x r_chunk (divisors of topk, multiples of 16; any of them holds at every T
+// that looks the config up, since past the interm budget the planner splits the tokens), filtered by
+// cuda_shape_supported. The heuristic comes first, then the largest r_chunk first (fewest top-k chunks, the
+// likeliest winners: each further one costs dq a second pass, perf notes v20), so a --max-seconds cut drops the
+// unlikely ones.
 std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const std::string& target) {
   std::vector<Candidate> out;
   Candidate h;
   h.heuristic = true;
   h.resolved = resolve(p, h.cfg, budget, target);
   out.push_back(h);
-  const double bucket_T = double(smla::pow2_bucket(p.T));
   for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
-    if (p.topk % rc || bucket_T * double(rc) * 1024.0 > double(budget)) continue;
+    if (p.topk % rc) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
     for (int impl : {3, 4, 2, 1})  // dq body: wgmma with a producer, the same persistent (faster than 3 only at small
                                    // top-k: perf notes v15), wgmma without a producer (sm_90a only; one tile, 64 x 32),
