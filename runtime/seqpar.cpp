@@ -40,6 +40,7 @@ Problem rank_problem(const Problem& whole, TokenRange r) {
                    std::to_string(whole.T) + ")");
   Problem p = whole;
   p.T = r.size();
+  p.t_chunk = std::min(p.t_chunk, p.T);  // the whole problem's token chunk, at most the rank's tokens
   p.dkv_fp32 = true;  // partial sums stay fp32 until every rank's share is in
   return p;
 }

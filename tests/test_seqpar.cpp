@@ -89,6 +89,11 @@ TEST(SeqparView, RankProblemAndRowOffsets) {
   EXPECT_EQ(p.topk, whole.topk);
   EXPECT_EQ(p.r_chunk, whole.r_chunk);
   EXPECT_TRUE(p.has_sink);
+  EXPECT_EQ(p.t_chunk, 0);  // the planner's choice stays the planner's
+  whole.t_chunk = 6;        // tokens a chunk of the whole: at most the rank's 4
+  EXPECT_EQ(seqpar::rank_problem(whole, r).t_chunk, 4);
+  EXPECT_EQ(seqpar::rank_problem(whole, seqpar::TokenRange{0, 8}).t_chunk, 6);
+  whole.t_chunk = 0;
 
   // Fake but distinct base addresses: only the arithmetic is checked.
   std::vector<char> arena(1 << 16);
@@ -309,6 +314,21 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.topk) + (c.sink ? "_sink" : "") +
              (c.kind == ref::TopkKind::Benchmark ? "_bench" : "_uniform") + "_ranks" + std::to_string(c.ranks);
     });
+
+TEST(SeqparCpu, TokenChunksInsideTheRanks) {
+  // The whole problem's t_chunk applies in every rank (23 tokens a rank: 10 + 10 + 3): dq keeps its bits, dkv and
+  // d_sink meet the bar.
+  Problem whole = cpu_problem(69, 16, 80, 64, true);
+  whole.t_chunk = 10;
+  const ref::Inputs in = ref::make_inputs(69, 16, 80, 64, true, 11, ref::TopkKind::Uniform);
+  const Result one = one_rank(whole, in);
+  const Result split = seqpar_ranks(whole, in, 3);
+  const ref::Grads g = ref::backward(in);
+  EXPECT_TRUE(split.dq == one.dq) << "dq differs from the one-rank run";
+  expect_bar("dkv vs float64", ref::compare(g.dkv, split.dkv.data(), g.dkv.size()));
+  expect_bar("d_sink vs float64", ref::compare(g.d_sink, split.d_sink.data(), g.d_sink.size()));
+  expect_bar("dq vs float64", ref::compare(g.dq, split.dq.data(), g.dq.size()));
+}
 
 TEST(SeqparCpu, OneRankMatchesThePlainRunBitForBit) {
   // One rank: the fp32 dkv rounded once on the host must be exactly the kernel's own bf16 dkv.
