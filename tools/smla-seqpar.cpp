@@ -39,6 +39,7 @@ struct Options {
   std::string backend = "cpu";
   std::string shape;
   int64_t r_chunk = 0;
+  int64_t t_chunk = 0;
   bool no_sink = false, check = false, uniform = false;
   uint64_t seed = 1;
 };
@@ -337,6 +338,7 @@ int run(const Options& o) {
   }
   whole.has_sink = !o.no_sink;
   whole.r_chunk = o.r_chunk;
+  whole.t_chunk = o.t_chunk;
   const ref::Inputs in = ref::make_inputs(int(whole.T), int(whole.H), int(whole.num_kv), int(whole.topk),
                                           whole.has_sink, o.seed,
                                           o.uniform ? ref::TopkKind::Uniform : ref::TopkKind::Benchmark);
@@ -400,7 +402,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK of the whole batch (default 256,16,320,160 on the CPU, "
                                      "1024,64,1536,512 with cuda)");
-  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK (0: the planner's choice)");
+  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)");
+  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk within each rank (0: the planner's choice)");
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_flag("--check", o.check, "compare with one rank and the float64 reference; exit 1 when off the bar");
