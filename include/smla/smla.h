@@ -35,7 +35,8 @@ typedef struct {
   int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
   int has_sink;                         /* attn_sink given: d_sink produced */
   float scale;                          /* <= 0: 1/sqrt(512) */
-  int64_t r_chunk;                      /* 0: planner's choice */
+  int64_t r_chunk;                      /* 0: planner's choice (all of topk; past SMLA_INTERM_BUDGET_BYTES
+                                           the tokens are split, as Problem::t_chunk = 0 does in C++) */
   int lse_base2;                        /* lse is log2-based (FlashMLA) */
   int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA) */
   int check_indices;                    /* record the first out-of-range index */
