@@ -75,15 +75,22 @@ inline void expect_bar(const char* name, const ref::Compare& cmp) {
                                    << " finite " << cmp.finite << " unwritten " << cmp.unwritten;
 }
 
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
 inline void expect_same_bits(const tools::Outputs& a, const tools::Outputs& b) {
   EXPECT_TRUE(a.dq == b.dq) << "dq differs between two runs";
   EXPECT_TRUE(a.dkv == b.dkv) << "dkv differs between two runs";
-  EXPECT_TRUE(a.dkv_f32.size() == b.dkv_f32.size() &&
-              std::memcmp(a.dkv_f32.data(), b.dkv_f32.data(), a.dkv_f32.size() * 4) == 0)
-      << "dkv (fp32) differs between two runs";
-  EXPECT_TRUE(a.d_sink.size() == b.d_sink.size() &&
-              std::memcmp(a.d_sink.data(), b.d_sink.data(), a.d_sink.size() * 4) == 0)
-      << "d_sink differs between two runs";
+  EXPECT_TRUE(same_bits(a.dkv_f32, b.dkv_f32)) << "dkv (fp32) differs between two runs";
+  EXPECT_TRUE(same_bits(a.d_sink, b.d_sink)) << "d_sink differs between two runs";
+}
+
+/// One run of `plan` on `cr`'s tensors with its outputs poisoned first; the outputs read back.
+inline tools::Outputs run_poisoned(const Plan& plan, tools::CaseRunner& cr, void* ws) {
+  cr.poison_outputs();
+  plan.run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  return cr.read_outputs();
 }
 
 /// Plans and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
@@ -95,12 +102,8 @@ inline void run_and_check(BackendKind b, const Case& c, uint64_t seed) {
   const std::vector<float> lse = case_lse(c, in);
   tools::CaseRunner cr(p, in, &lse);
   void* ws = cr.workspace(plan->workspace_bytes());
-  cr.poison_outputs();
-  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
-  const tools::Outputs first = cr.read_outputs();
-  cr.poison_outputs();
-  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
-  const tools::Outputs second = cr.read_outputs();
+  const tools::Outputs first = run_poisoned(*plan, cr, ws);
+  const tools::Outputs second = run_poisoned(*plan, cr, ws);
 
   const ref::Grads g = ref::backward(in);
   const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512;

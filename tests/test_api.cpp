@@ -173,9 +173,7 @@ void capture_and_replay(const Case& c) {
   auto plan = shared_runtime().plan(p);
   tools::CaseRunner cr(p, in);
   void* ws = cr.workspace(plan->workspace_bytes());
-  cr.poison_outputs();
-  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
-  const tools::Outputs direct = cr.read_outputs();
+  const tools::Outputs direct = run_poisoned(*plan, cr, ws);
 
   const auto& d = cuda::driver();
   CUstream s = static_cast<CUstream>(cr.stream());
