@@ -61,7 +61,8 @@ struct SmlaParams {
   // ---- problem
   int T, H, num_kv, topk_n;
   int r_start, r_chunk;  // this step's chunk of the top-k: slots [r_start, r_start + r_chunk)
-  int n_chunks, chunk;   // chunk index of this step, 0-based (gather: among all token x top-k chunks)
+  int n_chunks, chunk;   // this step's place (0-based) among the steps its output accumulates over, and their
+                         // number: dq the top-k chunks of its tokens, gather every token x top-k chunk
   float scale;
   int lse_mode;          // SMLA_LSE_* bits
   int check_indices;     // nonzero: record the first out-of-range index in index_report

@@ -143,7 +143,8 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
 SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
   const Step& st = steps_[i];
   SmlaParams p = base;
-  p.chunk = st.chunk;
+  p.chunk = st.acc_index;
+  p.n_chunks = st.acc_count;
   p.r_start = st.chunk * shape_.r_chunk;
   p.pass = st.spec.pass;
   if (st.t_count) {
@@ -160,12 +161,6 @@ SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
     p.delta += t0 * H;
     p.lse_n += t0 * H;
     if (p.dq_acc) p.dq_acc += t0 * H * SMLA_D;
-  }
-  if (st.phase == Phase::Gather) {
-    // dkv accumulates over every chunk, token and top-k alike: gather's chunk is its place in that sequence (dq's
-    // is the top-k chunk: its carry is per token).
-    p.n_chunks = shape_.all_chunks();
-    p.chunk = st.t_index * shape_.n_chunks + st.chunk;
   }
   return p;
 }

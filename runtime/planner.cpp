@@ -116,6 +116,8 @@ std::vector<Step> order_steps(const ShapeInfo& s, const KernelsOf& kernels_of) {
     for (auto& k : kernels_of(ph, cs)) {
       Step st{ph, chunk, std::move(k)};
       if (tc >= 0) st.t_index = tc, st.t_start = tc * s.t_chunk, st.t_count = cs.T;
+      st.acc_index = chunk, st.acc_count = s.n_chunks;
+      if (ph == Phase::Gather) st.acc_index = st.t_index * s.n_chunks + chunk, st.acc_count = s.all_chunks();
       steps.push_back(std::move(st));
     }
     for (size_t i = first; i < steps.size(); ++i) steps[i].side = ph == Phase::Csr;

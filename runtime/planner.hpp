@@ -38,6 +38,11 @@ struct Step {
   /// Token chunk of a per-chunk phase: its index, first token and token count; t_count 0 for the steps over every
   /// token (check_topk, delta, d_sink). The step's params see tokens t_start.. as 0..t_count-1.
   int t_index = 0, t_start = 0, t_count = 0;
+  /// The step's place among the steps whose results its output accumulates over, and their number (the kernels'
+  /// chunk / n_chunks: the first writes the fp32 carry, the last the output). dq: the top-k chunks of its tokens
+  /// (its carry is per token); gather: every token x top-k chunk (dkv sums over all of them); the others: the top-k
+  /// chunk, as `chunk`.
+  int acc_index = 0, acc_count = 1;
   /// May run on a side stream beside the steps that follow it, up to the next `join` step (csr:
   /// it reads only the top-k and writes only its own regions).
   bool side = false;

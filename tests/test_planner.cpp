@@ -225,8 +225,18 @@ TEST(Planner, TokenChunksEachRunEveryTopkChunk) {
     }
   want.push_back("d_sink/0+0/0");
   EXPECT_EQ(names, want);
-  for (const auto& st : steps)
+  // Where each step's output accumulates: dq's carry runs over the two top-k chunks of its tokens, gather's over all
+  // six chunks (the first writes the carry, the last dkv); the others keep their top-k chunk.
+  std::vector<std::string> dq_acc, gather_acc;
+  for (const auto& st : steps) {
     if (st.t_count) EXPECT_EQ(st.t_index, st.t_start / 1000);
+    const std::string a = std::to_string(st.acc_index) + "/" + std::to_string(st.acc_count);
+    if (st.phase == Phase::Dq) dq_acc.push_back(a);
+    else if (st.phase == Phase::Gather) gather_acc.push_back(a);
+    else EXPECT_EQ(a, std::to_string(st.chunk) + "/2") << st.spec.entry;
+  }
+  EXPECT_EQ(dq_acc, (std::vector<std::string>{"0/2", "1/2", "0/2", "1/2", "0/2", "1/2"}));
+  EXPECT_EQ(gather_acc, (std::vector<std::string>{"0/6", "1/6", "2/6", "3/6", "4/6", "5/6"}));
   // One chunk's slots size the chunk regions; dkv_acc is there for the token chunks, dq_acc for the top-k ones.
   const WorkspaceLayout w = layout_workspace(s);
   EXPECT_EQ(w.interm.bytes, size_t(1000) * 256 * 512 * 2);
