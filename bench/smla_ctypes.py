@@ -101,7 +101,8 @@ class Runtime:
         self.h = c_void_p()
         smla.check(smla.lib.smla_runtime_create(byref(self.h)), "smla_runtime_create")
 
-    def plan(self, T, H, num_kv, topk, has_sink=True, scale=0.0, r_chunk=0, backend="auto", device=0):
+    def plan(self, T, H, num_kv, topk, has_sink=True, scale=0.0, r_chunk=0, backend="auto", device=0,
+             lse_base2=False, lse_excludes_sink=False):
         if backend not in BACKENDS:
             raise SmlaError(f"smla_ctypes: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
         p = SmlaProblem()
@@ -110,6 +111,8 @@ class Runtime:
         p.has_sink = 1 if has_sink else 0
         p.scale = scale
         p.r_chunk = r_chunk
+        p.lse_base2 = 1 if lse_base2 else 0  # the FlashMLA / TileLang convention: log2 of the sum of exp2
+        p.lse_excludes_sink = 1 if lse_excludes_sink else 0
         p.backend = BACKENDS[backend]
         p.device = device
         return Plan(self, p)
