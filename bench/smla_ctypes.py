@@ -35,6 +35,15 @@ class SmlaProblem(ctypes.Structure):
     ]
 
 
+class SmlaPlanOptions(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("t_chunk", c_int64)]
+
+
+class SmlaPlanInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("r_chunk", c_int64), ("n_chunks", c_int64), ("t_chunk", c_int64),
+                ("t_chunks", c_int64), ("workspace_bytes", c_size_t)]
+
+
 class SmlaTensors(ctypes.Structure):
     _fields_ = (
         [(n, c_void_p) for n in ("q", "kv", "o", "dout")]
@@ -77,6 +86,11 @@ class Smla:
         L.smla_runtime_destroy.argtypes, L.smla_runtime_destroy.restype = [c_void_p], None
         L.smla_plan_create.argtypes = [c_void_p, POINTER(SmlaProblem), POINTER(c_void_p)]
         L.smla_plan_create.restype = c_int
+        L.smla_plan_options_init.argtypes, L.smla_plan_options_init.restype = [POINTER(SmlaPlanOptions)], None
+        L.smla_plan_create_ex.argtypes = [c_void_p, POINTER(SmlaProblem), POINTER(SmlaPlanOptions), POINTER(c_void_p)]
+        L.smla_plan_create_ex.restype = c_int
+        L.smla_plan_info_init.argtypes, L.smla_plan_info_init.restype = [POINTER(SmlaPlanInfo)], None
+        L.smla_plan_info.argtypes, L.smla_plan_info.restype = [c_void_p, POINTER(SmlaPlanInfo)], c_int
         L.smla_plan_destroy.argtypes, L.smla_plan_destroy.restype = [c_void_p], None
         L.smla_plan_workspace_bytes.argtypes = [c_void_p, POINTER(c_size_t)]
         L.smla_plan_workspace_bytes.restype = c_int
@@ -102,7 +116,7 @@ class Runtime:
         smla.check(smla.lib.smla_runtime_create(byref(self.h)), "smla_runtime_create")
 
     def plan(self, T, H, num_kv, topk, has_sink=True, scale=0.0, r_chunk=0, backend="auto", device=0,
-             lse_base2=False, lse_excludes_sink=False):
+             lse_base2=False, lse_excludes_sink=False, t_chunk=0):
         if backend not in BACKENDS:
             raise SmlaError(f"smla_ctypes: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
         p = SmlaProblem()
@@ -115,7 +129,10 @@ class Runtime:
         p.lse_excludes_sink = 1 if lse_excludes_sink else 0
         p.backend = BACKENDS[backend]
         p.device = device
-        return Plan(self, p)
+        o = SmlaPlanOptions()
+        self.smla.lib.smla_plan_options_init(byref(o))
+        o.t_chunk = t_chunk
+        return Plan(self, p, o)
 
     def close(self):
         if self.h:
@@ -127,13 +144,18 @@ class Runtime:
 
 
 class Plan:
-    def __init__(self, rt, problem):
+    def __init__(self, rt, problem, options):
         self.rt, self.smla, self.problem = rt, rt.smla, problem
         self.h = c_void_p()
-        self.smla.check(self.smla.lib.smla_plan_create(rt.h, byref(problem), byref(self.h)), "smla_plan_create")
+        self.smla.check(self.smla.lib.smla_plan_create_ex(rt.h, byref(problem), byref(options), byref(self.h)),
+                        "smla_plan_create_ex")
         n = c_size_t()
         self.smla.check(self.smla.lib.smla_plan_workspace_bytes(self.h, byref(n)), "smla_plan_workspace_bytes")
         self.workspace_bytes = n.value
+        i = SmlaPlanInfo()
+        self.smla.lib.smla_plan_info_init(byref(i))
+        self.smla.check(self.smla.lib.smla_plan_info(self.h, byref(i)), "smla_plan_info")
+        self.info = {k: getattr(i, k) for k in ("r_chunk", "n_chunks", "t_chunk", "t_chunks", "workspace_bytes")}
 
     def workspace(self, device):
         """A torch uint8 tensor of workspace_bytes on device, its base WORKSPACE_ALIGN-aligned (None if

@@ -1,6 +1,8 @@
 // c_api.cpp: the C API over the C++ one; exceptions become status codes + smla_last_error().
 #include "smla/smla.h"
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -35,6 +37,29 @@ smla_status_t null_arg(const char* what) {
   g_last_error = std::string("smla: invalid argument: ") + what + " is null";
   return SMLA_INVALID_ARGUMENT;
 }
+
+smla_status_t bad_arg(const std::string& why) {
+  g_last_error = "smla: invalid argument: " + why;
+  return SMLA_INVALID_ARGUMENT;
+}
+
+// A versioned struct from the caller: its struct_size must cover the size field itself; past what this library
+// knows (`known` bytes) every byte must be zero (a newer caller asking for something this library cannot do).
+// On success `into` holds the defaults overwritten by the caller's known prefix.
+template <class S>
+smla_status_t read_versioned(const S* from, S& into, const char* what) {
+  const size_t n = from->struct_size;
+  if (n < sizeof(size_t))
+    return bad_arg(std::string(what) + ".struct_size is " + std::to_string(n) + " (set it with its _init function)");
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(from);
+  for (size_t i = sizeof(S); i < n; ++i)
+    if (b[i] != 0)
+      return bad_arg(std::string(what) + " has fields this library does not know (struct_size " + std::to_string(n) +
+                     ", known " + std::to_string(sizeof(S)) + ", byte " + std::to_string(i) + " nonzero)");
+  std::memcpy(&into, from, std::min(n, sizeof(S)));
+  into.struct_size = sizeof(S);
+  return SMLA_OK;
+}
 }  // namespace
 
 extern "C" {
@@ -56,10 +81,34 @@ smla_status_t smla_runtime_create(smla_runtime_t** out) {
 
 void smla_runtime_destroy(smla_runtime_t* rt) { delete rt; }
 
+void smla_plan_options_init(smla_plan_options_t* o) {
+  if (!o) return;
+  *o = smla_plan_options_t{};
+  o->struct_size = sizeof(smla_plan_options_t);
+}
+
+void smla_plan_info_init(smla_plan_info_t* i) {
+  if (!i) return;
+  *i = smla_plan_info_t{};
+  i->struct_size = sizeof(smla_plan_info_t);
+}
+
 smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out) {
+  return smla_plan_create_ex(rt, p, nullptr, out);
+}
+
+smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, const smla_plan_options_t* opt,
+                                  smla_plan_t** out) {
   if (!rt) return null_arg("runtime");
   if (!p) return null_arg("problem");
   if (!out) return null_arg("out");
+  *out = nullptr;
+  smla_plan_options_t o;
+  smla_plan_options_init(&o);
+  if (opt) {
+    const smla_status_t st = read_versioned(opt, o, "smla_plan_options_t");
+    if (st != SMLA_OK) return st;
+  }
   return guard([&] {
     smla::Problem q;
     q.T = p->T, q.H = p->H, q.num_kv = p->num_kv, q.topk = p->topk, q.head_dim = p->head_dim;
@@ -72,12 +121,32 @@ smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla
     q.dkv_fp32 = p->dkv_fp32 != 0;
     q.backend = static_cast<smla::BackendKind>(p->backend);
     q.device = p->device;
+    q.t_chunk = o.t_chunk;
     auto plan = rt->rt.plan(q);
     *out = new smla_plan{std::move(plan)};
   });
 }
 
 void smla_plan_destroy(smla_plan_t* plan) { delete plan; }
+
+smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
+  if (!plan) return null_arg("plan");
+  if (!info) return null_arg("info");
+  if (info->struct_size < sizeof(size_t))
+    return bad_arg("smla_plan_info_t.struct_size is " + std::to_string(info->struct_size) +
+                   " (set it with smla_plan_info_init)");
+  return guard([&] {
+    const smla::PlanInfo& pi = plan->plan->info();
+    smla_plan_info_t i;
+    smla_plan_info_init(&i);
+    i.r_chunk = pi.r_chunk, i.n_chunks = pi.n_chunks, i.t_chunk = pi.t_chunk, i.t_chunks = pi.t_chunks;
+    i.workspace_bytes = plan->plan->workspace_bytes();
+    // Only the part the caller's struct has: an older caller's smaller struct is left whole past its end.
+    const size_t n = std::min(info->struct_size, sizeof(i));
+    std::memcpy(reinterpret_cast<unsigned char*>(info) + sizeof(size_t),
+                reinterpret_cast<const unsigned char*>(&i) + sizeof(size_t), n - sizeof(size_t));
+  });
+}
 
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes) {
   if (!plan) return null_arg("plan");

@@ -2,6 +2,7 @@
 // changes nothing; the index check; the C API; plan() reuse; threads; CUDA graphs (on a GPU).
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -206,6 +207,15 @@ TEST(Api, CudaGraphReplayMatchesADirectRun) {
   }
 }
 
+// The C view of a CaseRunner's tensors (packed strides, dtypes unspecified).
+smla_tensors_t c_tensors(const Tensors& t) {
+  smla_tensors_t ct;
+  smla_tensors_init(&ct);
+  ct.q = t.q, ct.kv = t.kv, ct.o = t.o, ct.dout = t.dout, ct.lse = t.lse, ct.topk = t.topk;
+  ct.attn_sink = t.attn_sink, ct.dq = t.dq, ct.dkv = t.dkv, ct.d_sink = t.d_sink;
+  return ct;
+}
+
 TEST(CApi, ReportsStatusAndMessage) {
   smla_runtime_t* rt = nullptr;
   ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
@@ -227,11 +237,7 @@ TEST(CApi, ReportsStatusAndMessage) {
   const ref::Inputs in = ref::make_inputs(16, 16, 32, 64, true, 5, ref::TopkKind::Uniform);
   Problem p = make_problem(BackendKind::Cpu, Case{16, 16, 32, 64, 0, true, ref::TopkKind::Uniform});
   tools::CaseRunner cr(p, in);
-  const Tensors& t = cr.tensors();
-  smla_tensors_t ct;
-  smla_tensors_init(&ct);
-  ct.q = t.q, ct.kv = t.kv, ct.o = t.o, ct.dout = t.dout, ct.lse = t.lse, ct.topk = t.topk;
-  ct.attn_sink = t.attn_sink, ct.dq = t.dq, ct.dkv = t.dkv, ct.d_sink = t.d_sink;
+  smla_tensors_t ct = c_tensors(cr.tensors());
   void* ws = cr.workspace(ws_bytes);
   cr.poison_outputs();
   EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes - 1, nullptr), SMLA_WORKSPACE_TOO_SMALL);
@@ -244,6 +250,106 @@ TEST(CApi, ReportsStatusAndMessage) {
   const tools::Outputs out = cr.read_outputs();
   expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
   expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
+  smla_plan_destroy(plan);
+  smla_runtime_destroy(rt);
+}
+
+// smla_plan_create_ex's token chunks (the C side of Problem::t_chunk), smla_plan_info, and the versioned structs:
+// an older caller's smaller struct gets the defaults, a newer one's unknown fields must be zero.
+TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = 70, pb.H = 16, pb.num_kv = 200, pb.topk = 64, pb.has_sink = 1, pb.backend = SMLA_BACKEND_CPU;
+  const Case c{70, 16, 200, 64, 0, true, ref::TopkKind::Benchmark};
+  const ref::Inputs in = make_case_inputs(c, 11);
+  tools::CaseRunner cr(make_problem(BackendKind::Cpu, c), in);
+  const smla_tensors_t ct = c_tensors(cr.tensors());
+
+  // Plans one way, checks what smla_plan_info says, runs it with the outputs poisoned and returns them.
+  auto plan_and_run = [&](const smla_plan_options_t* opt, int64_t want_t_chunk, int64_t want_t_chunks) {
+    smla_plan_t* plan = nullptr;
+    EXPECT_EQ(smla_plan_create_ex(rt, &pb, opt, &plan), SMLA_OK) << smla_last_error();
+    if (!plan) return tools::Outputs{};
+    smla_plan_info_t info;
+    smla_plan_info_init(&info);
+    EXPECT_EQ(smla_plan_info(plan, &info), SMLA_OK) << smla_last_error();
+    size_t ws_bytes = 0;
+    EXPECT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
+    EXPECT_EQ(info.workspace_bytes, ws_bytes);
+    EXPECT_EQ(info.t_chunk, want_t_chunk);
+    EXPECT_EQ(info.t_chunks, want_t_chunks);
+    EXPECT_EQ(info.r_chunk, 64);
+    EXPECT_EQ(info.n_chunks, 1);
+    void* ws = cr.workspace(ws_bytes);
+    cr.poison_outputs();
+    EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
+    smla_plan_destroy(plan);
+    return cr.read_outputs();
+  };
+  const tools::Outputs whole = plan_and_run(nullptr, 70, 1);
+  smla_plan_options_t opt;
+  smla_plan_options_init(&opt);
+  EXPECT_EQ(opt.struct_size, sizeof(smla_plan_options_t));
+  EXPECT_EQ(opt.t_chunk, 0);
+  opt.t_chunk = 16;
+  const tools::Outputs chunked = plan_and_run(&opt, 16, 5);  // 16, 16, 16, 16 and 6 tokens
+  // dq is per token, d_sink sums over every token after them: both keep their bits; dkv sums the chunks' gathers
+  // through the fp32 carry, in another order: within the bar.
+  EXPECT_TRUE(whole.dq == chunked.dq) << "token chunks changed dq's bits";
+  EXPECT_TRUE(same_bits(whole.d_sink, chunked.d_sink)) << "token chunks changed d_sink's bits";
+  const ref::Grads g = ref::backward(in);
+  expect_bar("dkv (token chunks)", ref::compare(g.dkv, chunked.dkv.data(), chunked.dkv.size()));
+  expect_bar("dq (token chunks)", ref::compare(g.dq, chunked.dq.data(), chunked.dq.size()));
+
+  // An older caller's struct (nothing past struct_size): the defaults.
+  smla_plan_options_t old_opt{};
+  old_opt.struct_size = sizeof(size_t);
+  old_opt.t_chunk = 16;  // past its struct_size: not read
+  plan_and_run(&old_opt, 70, 1);
+
+  // A newer caller's struct: accepted when what this library does not know is zero, refused otherwise.
+  struct Newer {
+    smla_plan_options_t known;
+    int64_t later_field;
+  } newer{};
+  smla_plan_options_init(&newer.known);
+  newer.known.struct_size = sizeof(Newer);
+  newer.known.t_chunk = 35;
+  plan_and_run(&newer.known, 35, 2);
+  newer.later_field = 1;
+  smla_plan_t* plan = nullptr;
+  EXPECT_EQ(smla_plan_create_ex(rt, &pb, &newer.known, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("does not know"), std::string::npos) << smla_last_error();
+  EXPECT_EQ(plan, nullptr);
+
+  // Bad values name what is wrong.
+  for (int64_t bad : {int64_t(-1), int64_t(71)}) {
+    opt.t_chunk = bad;
+    EXPECT_EQ(smla_plan_create_ex(rt, &pb, &opt, &plan), SMLA_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(smla_last_error()).find("t_chunk"), std::string::npos) << smla_last_error();
+    EXPECT_EQ(plan, nullptr);
+  }
+  opt.t_chunk = 0;
+  opt.struct_size = 0;  // never initialized
+  EXPECT_EQ(smla_plan_create_ex(rt, &pb, &opt, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("struct_size"), std::string::npos) << smla_last_error();
+
+  // smla_plan_info fills only what the caller's struct has.
+  ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
+  smla_plan_info_t short_info;
+  std::memset(&short_info, 0x5a, sizeof(short_info));
+  short_info.struct_size = offsetof(smla_plan_info_t, t_chunk);  // up to n_chunks
+  EXPECT_EQ(smla_plan_info(plan, &short_info), SMLA_OK) << smla_last_error();
+  EXPECT_EQ(short_info.r_chunk, 64);
+  EXPECT_EQ(short_info.n_chunks, 1);
+  int64_t untouched;
+  std::memset(&untouched, 0x5a, sizeof(untouched));
+  EXPECT_EQ(short_info.t_chunk, untouched) << "smla_plan_info wrote past the caller's struct_size";
+  short_info.struct_size = 0;
+  EXPECT_EQ(smla_plan_info(plan, &short_info), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(smla_plan_info(plan, nullptr), SMLA_INVALID_ARGUMENT);
   smla_plan_destroy(plan);
   smla_runtime_destroy(rt);
 }

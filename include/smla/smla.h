@@ -2,7 +2,7 @@
  *
  *   smla_runtime_t* rt; smla_runtime_create(&rt);
  *   smla_problem_t pb; smla_problem_init(&pb); pb.T = ...;
- *   smla_plan_t* plan; smla_plan_create(rt, &pb, &plan);
+ *   smla_plan_t* plan; smla_plan_create(rt, &pb, &plan);   (or smla_plan_create_ex, with smla_plan_options_t)
  *   size_t ws; smla_plan_workspace_bytes(plan, &ws);
  *   smla_tensors_t t; smla_tensors_init(&t); t.q = ...;
  *   smla_plan_run(plan, &t, workspace, ws, stream);
@@ -36,7 +36,7 @@ typedef struct {
   int has_sink;                         /* attn_sink given: d_sink produced */
   float scale;                          /* <= 0: 1/sqrt(512) */
   int64_t r_chunk;                      /* 0: planner's choice (all of topk; past SMLA_INTERM_BUDGET_BYTES
-                                           the tokens are split, as Problem::t_chunk = 0 does in C++) */
+                                           the tokens are split: smla_plan_options_t.t_chunk) */
   int lse_base2;                        /* lse is log2-based (FlashMLA) */
   int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA) */
   int check_indices;                    /* record the first out-of-range index */
@@ -67,12 +67,37 @@ typedef struct {
 typedef struct smla_runtime smla_runtime_t;
 typedef struct smla_plan smla_plan_t;
 
+/* What a plan can be asked for beyond smla_problem_t, whose layout stays as it was. Versioned by struct_size: a
+   caller built against an older header passes a smaller struct and gets the defaults for what it lacks; a larger
+   one than this library knows is accepted only if its unknown tail is zero. smla_plan_options_init sets the size and
+   the defaults. */
+typedef struct {
+  size_t struct_size; /* sizeof(smla_plan_options_t) where the caller was compiled */
+  int64_t t_chunk;    /* tokens a chunk: 0 the planner's choice (as few equal chunks as keep the intermediate within
+                         SMLA_INTERM_BUDGET_BYTES), else 1..T; smaller chunks, smaller workspace (Problem::t_chunk) */
+} smla_plan_options_t;
+
+/* What the planner chose (PlanInfo in C++), versioned like smla_plan_options_t; smla_plan_info_init sets the size. */
+typedef struct {
+  size_t struct_size;
+  int64_t r_chunk, n_chunks; /* top-k slots a chunk, top-k chunks */
+  int64_t t_chunk, t_chunks; /* tokens a chunk, token chunks */
+  size_t workspace_bytes;
+} smla_plan_info_t;
+
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */
+void smla_plan_options_init(smla_plan_options_t* o);
+void smla_plan_info_init(smla_plan_info_t* i);
 void smla_tensors_init(smla_tensors_t* t);   /* all null / packed */
 smla_status_t smla_runtime_create(smla_runtime_t** out);
 void smla_runtime_destroy(smla_runtime_t* rt);
 smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out);
+/* smla_plan_create with options; opt null: the defaults (the same as smla_plan_create). */
+smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, const smla_plan_options_t* opt,
+                                  smla_plan_t** out);
 void smla_plan_destroy(smla_plan_t* plan);
+/* Fills the fields of *info that its struct_size covers. */
+smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info);
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
 smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
                             size_t workspace_bytes, void* stream);
