@@ -188,13 +188,7 @@ int run(const Options& o) {
   p.backend = rt.resolve(kinds.at(o.backend));
   const bool gpu = p.backend == smla::BackendKind::Cuda;
   std::string shape = o.shape.empty() ? (gpu ? "4096,128,5120,512" : "256,16,320,160") : o.shape;
-  {
-    std::vector<int64_t> v;
-    std::stringstream ss(shape);
-    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
-    if (v.size() != 4) throw CLI::ValidationError("--shape", "expected T,H,NUM_KV,TOPK, got " + shape);
-    p.T = v[0], p.H = v[1], p.num_kv = v[2], p.topk = v[3];
-  }
+  smla::tools::set_one_shape(p, shape);
   p.has_sink = !o.no_sink;
   p.r_chunk = o.r_chunk;
   p.t_chunk = o.t_chunk;

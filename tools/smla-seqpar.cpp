@@ -329,13 +329,7 @@ int run(const Options& o) {
   whole.backend = o.backend == "cuda" ? BackendKind::Cuda : BackendKind::Cpu;
   const bool gpu = whole.backend == BackendKind::Cuda;
   const std::string shape = o.shape.empty() ? (gpu ? "1024,64,1536,512" : "256,16,320,160") : o.shape;
-  {
-    std::vector<int64_t> v;
-    std::stringstream ss(shape);
-    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
-    if (v.size() != 4) throw CLI::ValidationError("--shape", "expected T,H,NUM_KV,TOPK, got " + shape);
-    whole.T = v[0], whole.H = v[1], whole.num_kv = v[2], whole.topk = v[3];
-  }
+  tools::set_one_shape(whole, shape);
   whole.has_sink = !o.no_sink;
   whole.r_chunk = o.r_chunk;
   whole.t_chunk = o.t_chunk;

@@ -3,10 +3,24 @@
 #pragma once
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "runtime/check.hpp"
+#include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
 
 namespace smla::tools {
+
+/// The one problem of a tool's --shape (smla-bench, smla-seqpar): parse_shape_spec's syntax and its errors, one
+/// problem (no ranges; R_CHUNK has its own option). Sets p's T, H, num_kv and topk; the rest of p stays.
+inline void set_one_shape(Problem& p, const std::string& text) {
+  const std::vector<Problem> ps = parse_shape_spec(text);
+  if (ps.size() != 1 || ps[0].r_chunk != 0)
+    SMLA_THROW(Status::InvalidArgument,
+               "--shape '" + text + "': expected one problem T,H,NUM_KV,TOPK (no ranges; --r-chunk sets R_CHUNK)");
+  p.T = ps[0].T, p.H = ps[0].H, p.num_kv = ps[0].num_kv, p.topk = ps[0].topk;
+}
 
 template <class Body>
 int run_tool(const char* name, Body&& body) {
