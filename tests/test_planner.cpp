@@ -37,6 +37,8 @@ TEST(Planner, ValidatesEveryField) {
   p = seed_problem(), p.H = 48;
   expect_rejected(p, "H", Status::Unsupported);
   p = seed_problem(), p.topk = 100;
+  expect_rejected(p, "pad each top-k row with -1 to 112 slots", Status::Unsupported);  // what to do about it
+  p = seed_problem(), p.topk = 0;
   expect_rejected(p, "topk", Status::Unsupported);
   p = seed_problem(), p.T = 0;
   expect_rejected(p, "T", Status::InvalidArgument);
