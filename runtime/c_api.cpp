@@ -43,9 +43,9 @@ smla_status_t bad_arg(const std::string& why) {
   return SMLA_INVALID_ARGUMENT;
 }
 
-// A versioned struct from the caller: its struct_size must cover the size field itself; past what this library
-// knows (`known` bytes) every byte must be zero (a newer caller asking for something this library cannot do).
-// On success `into` holds the defaults overwritten by the caller's known prefix.
+// A versioned struct from the caller: its struct_size must cover the size field itself; past sizeof(S) (what this
+// library knows) every byte must be zero (else a newer caller asks for something this library cannot do).
+// On success `into` holds the defaults it came with, overwritten by the part of the caller's struct this library knows.
 template <class S>
 smla_status_t read_versioned(const S* from, S& into, const char* what) {
   const size_t n = from->struct_size;

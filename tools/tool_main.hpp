@@ -1,5 +1,6 @@
-// tool_main.hpp: the one way a command-line tool reports a failure: "<tool>: <message>" on
-// stderr and exit code 2 (1 is left for "ran, but the check failed").
+// tool_main.hpp: what the command-line tools share: the one way a tool reports a failure ("<tool>: <message>" on
+// stderr and exit code 2; 1 is left for "ran, but the check failed"), and the one-problem --shape of smla-bench and
+// smla-seqpar.
 #pragma once
 #include <cstdio>
 #include <exception>
