@@ -132,7 +132,7 @@ struct PlanInfo {
   int64_t r_chunk = 0, n_chunks = 0;  ///< top-k slots a chunk, top-k chunks (within each token chunk)
   int64_t t_chunk = 0, t_chunks = 0;  ///< tokens a chunk, token chunks
   std::vector<std::string> kernels;  ///< entry names, in launch order
-  std::string config_source;         ///< "heuristic" or "tuned"
+  std::string config_source;         ///< "heuristic", "tuned" (the tuning database) or "explicit" (a TileConfig given)
   int compiled = 0;                  ///< kernels compiled by this plan() call
   int loaded_from_disk = 0;
   int reused_in_process = 0;

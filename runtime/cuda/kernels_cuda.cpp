@@ -215,7 +215,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
           {"CSR_RADIX_BITS", s.radix_bits},     {"CSR_THREADS", kSmallThreads},
           {"CSR_OS_THREADS", kCsrOsThreads},    {"CSR_OS_ITEMS", kCsrOsItems},
           {"CSR_HIST_THREADS", kCsrHistThreads}, {"CSR_HIST_ITEMS", kCsrHistItems}};
-      const long long items = static_cast<long long>(s.T) * s.r_chunk;
+      const long long items = s.chunk_items();  // the slots of one chunk, as cuda_csr_scratch_bytes counts them
       const long long scratch_ints = cuda_csr_scratch_bytes(s) / static_cast<long long>(sizeof(int));
       std::vector<KernelSpec> v;
       v.push_back(make_spec("csr", "smla_csr_keys", d,
