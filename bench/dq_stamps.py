@@ -1,6 +1,7 @@
-"""dq_stamps.py: where a dq block's time goes, from the clock stamps of the stamp-dq probe (bench/probes/stamp-dq.patch).
+"""dq_stamps.py: where a dq (or dkv_interm) block's time goes, from the clock stamps of the stamp-dq (stamp-dkv) probe
+of bench/probes.
 
-    SMLA_KERNEL_SRC_DIR=$PWD/TREE python3 -u bench/dq_stamps.py [--lib build/lib/libsmla.so] T,H,NUM_KV,TOPK ...
+    SMLA_KERNEL_SRC_DIR=$PWD/TREE python3 -u bench/dq_stamps.py [--dkv] [--lib build/lib/libsmla.so] T,H,NUM_KV,TOPK ...
 
 TREE is kernel_src/ with the probe applied: its dq_impl 3 writes 16 int64 a block over dq[t, h0, 0:64] (consumer thread
 0, after the epilogue): [0] SM id | tiles << 16 | chunk << 32, [1] [2] global timer (ns) at entry and exit, then SM
@@ -12,6 +13,11 @@ medians in us (cycles over the clock the stamps imply), cycles a tile, the gap b
 the block time by tile count; a JSON of it all goes to $OUT/dq_stamps.json. NOSTAMP=1: only the timing (for the
 unpatched sources, to compare). Without the probe's sources the stamps are dQ values: the script refuses them (SM ids
 out of range).
+
+--dkv: stamp-dkv's (dkv_impl 2, H 128), over dq[t, 1 + d0 / 256, 0:64]: [0] [1] [2] as above, then SM cycles: [3]
+entry to tile 0 and B's first quarter landed, [4] tile 0's MMA (B's other quarters waited for under it), [5]-[8] sums
+over the loop's steps of the wait for the next tile, the MMA issue, the previous tile's finish (staging, interm
+stores, refill) and the MMA wait, [9] the last finish, [10] the block.
 """
 import argparse, json, os, statistics, sys
 
@@ -23,37 +29,48 @@ from smla_ctypes import Smla  # noqa: E402
 NAMES = ["qdo_wait", "delta", "tile0_kv_wait", "tiles_full_wait", "tiles_sdp_issue", "tiles_sdp_wait",
          "tiles_elem_to_C", "tiles_dq_issue_pds", "tiles_dq_wait", "loop", "epilogue", "block", "tile0"]
 PER_TILE = NAMES[3:9]
+DKV_NAMES = ["tile0_and_b0_wait", "tile0_mma", "steps_wait_tile", "steps_mma_issue", "steps_finish_prev",
+             "steps_mma_wait", "last_finish", "block"]
+DKV_PER_TILE = DKV_NAMES[2:6]
 
 
-def read_stamps(dq, H):
-    st = torch.stack([dq[:, h0, 0:64].contiguous().view(torch.int64) for h0 in range(0, H, 64)], 1)
-    return st.reshape(-1, 16).cpu()
+def read_stamps(dq, H, dkv=False):
+    """The blocks' 16 stamps each, as lists of ints (dq: the bf16 output tensor the probe wrote them over)."""
+    rows = [1, 2] if dkv else range(0, H, 64)
+    st = torch.stack([dq[:, h, 0:64].contiguous().view(torch.int64) for h in rows], 1)
+    return st.reshape(-1, 16).tolist()
 
 
-def summarize(st):
-    smid, tiles = st[:, 0] & 0xFFFF, (st[:, 0] >> 16) & 0xFFFF
-    if int(smid.max()) > 1024 or int(tiles.max()) > 4096:
-        raise SystemExit("dq_stamps: no stamps in dq (run with SMLA_KERNEL_SRC_DIR at a tree with the stamp-dq probe)")
-    g0, g1 = st[:, 1].double(), st[:, 2].double()
-    ghz = (st[:, 14].double().sum() / (g1 - g0).sum()).item()  # SM cycles per ns: the clock during the blocks
-    out = {"ghz": ghz, "blocks": int(st.shape[0]), "mean_tiles": tiles.double().mean().item()}
-    for i, n in enumerate(NAMES):
-        v = st[:, 3 + i].double()
-        out[n] = {"mean_us": (v.mean() / ghz / 1e3).item(), "median_us": (v.median() / ghz / 1e3).item()}
-        if n in PER_TILE:
-            out[n]["cycles_a_tile"] = (v.sum() / tiles.double().sum().clamp(min=1)).item()
-    gaps, sms = [], smid.unique().tolist()
-    for sm in sms:
-        m = smid == sm
-        order = torch.argsort(g0[m])
-        a, b = g0[m][order], g1[m][order]
-        gaps += (a[1:] - b[:-1]).tolist()
+def summarize(st, names=NAMES, per_tile=PER_TILE):
+    """Per-block means and medians (us), cycles a tile, gaps between blocks on an SM, block time by tile count."""
+    smid = [r[0] & 0xFFFF for r in st]
+    tiles = [(r[0] >> 16) & 0xFFFF for r in st]
+    if max(smid) > 1024 or max(tiles) > 4096:
+        raise SystemExit("dq_stamps: no stamps in dq (run with SMLA_KERNEL_SRC_DIR at a tree with the probe applied)")
+    g0, g1 = [r[1] for r in st], [r[2] for r in st]
+    col = lambda n: [r[3 + names.index(n)] for r in st]
+    block = col("block")  # SM cycles of each block
+    ghz = sum(block) / sum(b - a for a, b in zip(g0, g1))  # SM cycles per ns: the clock during the blocks
+    us = lambda cycles: cycles / ghz / 1e3
+    out = {"ghz": ghz, "blocks": len(st), "mean_tiles": statistics.fmean(tiles)}
+    for n in names:
+        v = col(n)
+        out[n] = {"mean_us": us(statistics.fmean(v)), "median_us": us(statistics.median(v))}
+        if n in per_tile:
+            out[n]["cycles_a_tile"] = sum(v) / max(sum(tiles), 1)
+    by_sm = {}
+    for sm, a, b in zip(smid, g0, g1):
+        by_sm.setdefault(sm, []).append((a, b))
+    gaps = []
+    for spans in by_sm.values():
+        spans.sort()
+        gaps += [spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1)]
     out["gap_us_median"] = statistics.median(gaps) / 1e3 if gaps else 0.0
-    out["gap_us_mean"] = sum(gaps) / len(gaps) / 1e3 if gaps else 0.0
-    out["dq_span_ms"] = (g1.max() - g0.min()).item() / 1e6
-    out["blocks_an_sm"] = st.shape[0] / len(sms)
-    out["block_us_by_tiles"] = {int(k): [int((tiles == k).sum()), round((st[tiles == k, 14].double().mean() / ghz / 1e3).item(), 2)]
-                                for k in tiles.unique().tolist()}
+    out["gap_us_mean"] = statistics.fmean(gaps) / 1e3 if gaps else 0.0
+    out["phase_span_ms"] = (max(g1) - min(g0)) / 1e6
+    out["blocks_an_sm"] = len(st) / len(by_sm)
+    out["block_us_by_tiles"] = {k: [tiles.count(k), round(us(statistics.fmean([c for c, n in zip(block, tiles) if n == k])), 2)]
+                                for k in sorted(set(tiles))}
     return out
 
 
@@ -61,6 +78,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+", help="T,H,NUM_KV,TOPK (H a multiple of 64)")
     ap.add_argument("--lib", default="build/lib/libsmla.so")
+    ap.add_argument("--dkv", action="store_true", help="read stamp-dkv's stamps (dkv_interm) instead of stamp-dq's")
     a = ap.parse_args()
     dev = torch.device("cuda")
     rt = Smla(a.lib).runtime()
@@ -85,14 +103,14 @@ def main():
         torch.cuda.synchronize()
         row = {"shape": s, "e2e_ms": ev[0].elapsed_time(ev[1]) / 20}
         if not os.environ.get("NOSTAMP"):
-            row.update(summarize(read_stamps(dq, H)))
+            row.update(summarize(read_stamps(dq, H, a.dkv), *((DKV_NAMES, DKV_PER_TILE) if a.dkv else (NAMES, PER_TILE))))
         res[s] = row
         print(json.dumps(row, indent=1), flush=True)
         del q, kv, o, do, lse, topk, dq, dkv, ws, plan, call
         torch.cuda.empty_cache()
     out = os.environ.get("OUT", "/tmp")
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "dq_stamps.json"), "w") as f:
+    with open(os.path.join(out, "dkv_stamps.json" if a.dkv else "dq_stamps.json"), "w") as f:
         json.dump(res, f, indent=1)
 
 
