@@ -13,7 +13,10 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) smla_d_sink(SmlaParams
   const int h = blockIdx.x;
   const float sk = p.sink[h];
   double acc = 0.0;
-  for (int t = threadIdx.x; t < p.T; t += NUM_THREADS) {
+  // A sink of -inf has probability 0 in every row: no terms (a token with no valid slot has lse -inf too, and
+  // exp(-inf - -inf) would be NaN).
+  const bool no_sink = sk == -__int_as_float(0x7f800000);
+  for (int t = no_sink ? p.T : threadIdx.x; t < p.T; t += NUM_THREADS) {
     const long long i = (long long)t * p.H + h;
     acc += (double)expf(sk - p.lse_n[i]) * (double)p.delta[i];
   }

@@ -233,6 +233,12 @@ void d_sink(const SmlaParams& p) {
   if (!p.sink || !p.d_sink) return;
   for (int h = 0; h < p.H; ++h) {
     double acc = 0;  // wider than fp32: T terms of mixed sign
+    // A sink of -inf (FlashMLA allows it) has probability 0 in every row: no term, not exp(-inf - -inf) = NaN in a
+    // token with no valid slot (its lse is -inf too).
+    if (p.sink[h] == -std::numeric_limits<float>::infinity()) {
+      p.d_sink[h] = 0.f;
+      continue;
+    }
     for (int t = 0; t < p.T; ++t) {
       long long th = static_cast<long long>(t) * p.H + h;
       acc += std::exp(static_cast<double>(p.sink[h]) - p.lse_n[th]) * p.delta[th];
