@@ -8,6 +8,12 @@
 
 #include "smla/smla.hpp"
 
+#if defined(SMLA_PROJECT_VERSION_MAJOR)
+static_assert(SMLA_VERSION_MAJOR == SMLA_PROJECT_VERSION_MAJOR && SMLA_VERSION_MINOR == SMLA_PROJECT_VERSION_MINOR &&
+                  SMLA_VERSION_PATCH == SMLA_PROJECT_VERSION_PATCH,
+              "smla.h's SMLA_VERSION_* and CMakeLists.txt's project(VERSION) disagree");
+#endif
+
 struct smla_runtime {
   smla::Runtime rt;
 };
@@ -46,11 +52,21 @@ smla_status_t bad_arg(const std::string& why) {
 // A versioned struct from the caller: its struct_size must cover the size field itself; past sizeof(S) (what this
 // library knows) every byte must be zero (else a newer caller asks for something this library cannot do).
 // On success `into` holds the defaults it came with, overwritten by the part of the caller's struct this library knows.
+// Every field of the versioned structs is 8 bytes, so a struct_size inside what this library knows must be a multiple
+// of 8: anything else cuts a field in two (and would read or write half of it).
+template <class S>
+smla_status_t check_struct_size(size_t n, const char* what) {
+  static_assert(sizeof(S) % 8 == 0, "versioned C structs: 8-byte fields only");
+  if (n < sizeof(size_t) || (n < sizeof(S) && n % 8 != 0))
+    return bad_arg(std::string(what) + ".struct_size is " + std::to_string(n) +
+                   " (not the end of one of its fields: set it with its _init function)");
+  return SMLA_OK;
+}
+
 template <class S>
 smla_status_t read_versioned(const S* from, S& into, const char* what) {
   const size_t n = from->struct_size;
-  if (n < sizeof(size_t))
-    return bad_arg(std::string(what) + ".struct_size is " + std::to_string(n) + " (set it with its _init function)");
+  if (const smla_status_t st = check_struct_size<S>(n, what); st != SMLA_OK) return st;
   const unsigned char* b = reinterpret_cast<const unsigned char*>(from);
   for (size_t i = sizeof(S); i < n; ++i)
     if (b[i] != 0)
@@ -113,7 +129,7 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     smla::Problem q;
     q.T = p->T, q.H = p->H, q.num_kv = p->num_kv, q.topk = p->topk, q.head_dim = p->head_dim;
     q.has_sink = p->has_sink != 0;
-    if (p->scale > 0) q.scale = p->scale;
+    if (!(p->scale <= 0)) q.scale = p->scale;  // <= 0: the default; NaN and inf go on to be refused by name
     q.r_chunk = p->r_chunk;
     q.lse.base2 = p->lse_base2 != 0;
     q.lse.includes_sink = p->lse_excludes_sink == 0;
@@ -132,9 +148,8 @@ void smla_plan_destroy(smla_plan_t* plan) { delete plan; }
 smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
   if (!plan) return null_arg("plan");
   if (!info) return null_arg("info");
-  if (info->struct_size < sizeof(size_t))
-    return bad_arg("smla_plan_info_t.struct_size is " + std::to_string(info->struct_size) +
-                   " (set it with smla_plan_info_init)");
+  if (const smla_status_t st = check_struct_size<smla_plan_info_t>(info->struct_size, "smla_plan_info_t"); st != SMLA_OK)
+    return st;
   return guard([&] {
     const smla::PlanInfo& pi = plan->plan->info();
     smla_plan_info_t i;
@@ -152,6 +167,7 @@ smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes) 
   if (!plan) return null_arg("plan");
   if (!bytes) return null_arg("bytes");
   *bytes = plan->plan->workspace_bytes();
+  g_last_error.clear();  // as every other call that succeeds
   return SMLA_OK;
 }
 
@@ -176,6 +192,8 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
 }
 
 const char* smla_last_error(void) { return g_last_error.c_str(); }
+
+int smla_version(void) { return SMLA_VERSION; }
 
 const char* smla_status_string(smla_status_t s) { return smla::status_name(static_cast<smla::Status>(s)); }
 

@@ -2,6 +2,7 @@
 #include "env.hpp"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "check.hpp"
 
@@ -11,13 +12,29 @@ const RuntimeEnv& runtime_env() {
   static const RuntimeEnv env = [] {
     RuntimeEnv e;
     if (const char* v = std::getenv("SMLA_KERNEL_SRC_DIR")) e.kernel_src_dir = v;
+    auto ignored = [&e](const char* name, const char* v, const char* expected) {
+      e.warnings.push_back(std::string("ignoring ") + name + "='" + v + "' (expected " + expected + ")");
+    };
     if (const char* v = std::getenv("SMLA_INTERM_BUDGET_BYTES")) {
       char* end = nullptr;
-      unsigned long long b = std::strtoull(v, &end, 10);
-      if (end && *end == '\0' && b > 0) e.interm_budget = size_t(b);
+      const unsigned long long b = std::strtoull(v, &end, 10);
+      if (*v >= '0' && *v <= '9' && end && *end == '\0' && b > 0) e.interm_budget = size_t(b);
+      else ignored("SMLA_INTERM_BUDGET_BYTES", v, "a positive number of bytes");
     }
-    if (const char* v = std::getenv("SMLA_LOG_LEVEL")) e.log_level = v;
-    if (const char* v = std::getenv("SMLA_SIDE_STREAM")) e.side_stream = std::string(v) != "0";
+    if (const char* v = std::getenv("SMLA_LOG_LEVEL")) {
+      static const char* const levels[] = {"trace", "debug", "info", "warn", "warning", "error", "err", "critical",
+                                           "off"};
+      bool known = false;
+      for (const char* l : levels) known = known || std::strcmp(v, l) == 0;
+      // spdlog reads an unknown name as "off": a typo would silence every warning.
+      if (known) e.log_level = v;
+      else ignored("SMLA_LOG_LEVEL", v, "trace, debug, info, warn, error, critical or off");
+    }
+    if (const char* v = std::getenv("SMLA_SIDE_STREAM")) {
+      if (std::strcmp(v, "0") == 0) e.side_stream = false;
+      else if (std::strcmp(v, "1") == 0) e.side_stream = true;
+      else ignored("SMLA_SIDE_STREAM", v, "0 or 1");
+    }
     return e;
   }();
   return env;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace smla {
 
@@ -14,6 +15,9 @@ struct RuntimeEnv {
   size_t interm_budget = size_t(4) << 30;
   std::string log_level = "warn";   ///< SMLA_LOG_LEVEL: trace|debug|info|warn|error|off
   bool side_stream = true;          ///< SMLA_SIDE_STREAM=0: run csr in order instead of beside dq
+  /// What was set but could not be read (the default kept); each Runtime logs them as warnings (the logger reads
+  /// this struct, so it cannot be used while it is being filled).
+  std::vector<std::string> warnings;
 };
 
 /// Parsed once per process.

@@ -1,7 +1,10 @@
 // plan.cpp: Plan::run: validate the tensors, point the params at them and the workspace, launch.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "check.hpp"
 #include "env.hpp"
@@ -11,36 +14,116 @@ namespace smla {
 
 namespace {
 
-void arg_error(const std::string& what, const std::string& expected) {
-  throw Error(Status::InvalidArgument, "Tensors::" + what + ": expected " + expected, __FILE__, __LINE__);
+// `what` names the argument ("Tensors::q", "run(): workspace"); file and line are the caller's check.
+[[noreturn]] void arg_error(const std::string& what, const std::string& expected, Status st = Status::InvalidArgument,
+                            const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  throw Error(st, what + ": expected " + expected, file, line);
 }
 
-void check_ptr(const Backend& be, const void* ptr, const char* name, size_t align, bool required = true) {
+[[noreturn]] void tensor_error(const std::string& name, const std::string& expected,
+                               const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  arg_error("Tensors::" + name, expected, Status::InvalidArgument, file, line);
+}
+
+// `name`: the argument as the caller knows it ("Tensors::q", "run(): workspace").
+void check_ptr(const Backend& be, const void* ptr, const std::string& name, size_t align, bool required = true,
+               const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   if (!ptr) {
-    if (required) arg_error(name, "a non-null pointer");
+    if (required) arg_error(name, "a non-null pointer", Status::InvalidArgument, file, line);
     return;
   }
   if (reinterpret_cast<uintptr_t>(ptr) % align)
-    arg_error(name, std::to_string(align) + "-byte alignment (got " +
-                        std::to_string(reinterpret_cast<uintptr_t>(ptr) % align) + " bytes off)");
+    arg_error(name,
+              std::to_string(align) + "-byte alignment (got " +
+                  std::to_string(reinterpret_cast<uintptr_t>(ptr) % align) + " bytes off)",
+              Status::InvalidArgument, file, line);
   const PointerKind k = be.pointer_kind(ptr);
   if (be.name() == "cpu" && k == PointerKind::Device)
-    arg_error(name, "host memory for the cpu backend (got a device pointer)");
+    arg_error(name, "host memory for the cpu backend (got a device pointer)", Status::InvalidArgument, file, line);
   if (be.name() != "cpu" && k == PointerKind::Host)
-    arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)");
+    arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)", Status::InvalidArgument,
+              file, line);
 }
 
-int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least) {
+void check_tensor_ptr(const Backend& be, const void* ptr, const char* name, size_t align, bool required = true,
+                      const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  check_ptr(be, ptr, std::string("Tensors::") + name, align, required, file, line);
+}
+
+int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least,
+                  const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   const int64_t s = given ? given : packed;
   if (s < at_least || s % multiple)
-    arg_error(name, "0 (packed) or a stride >= " + std::to_string(at_least) + " that is a multiple of " +
-                        std::to_string(multiple) + " elements (got " + std::to_string(given) + ")");
+    tensor_error(name, "0 (packed) or a stride >= " + std::to_string(at_least) + " that is a multiple of " +
+                           std::to_string(multiple) + " elements (got " + std::to_string(given) + ")",
+                 file, line);
   return s;
 }
 
-void check_dtype(DType given, DType expected, const char* name) {
+void check_dtype(DType given, DType expected, const char* name, const char* file = __builtin_FILE(),
+                 int line = __builtin_LINE()) {
   if (given != DType::Unspecified && given != expected)
-    arg_error(std::string(name) + " dtype", std::string(dtype_name(expected)) + " (got " + dtype_name(given) + ")");
+    tensor_error(std::string(name) + " dtype", std::string(dtype_name(expected)) + " (got " + dtype_name(given) + ")",
+                 file, line);
+}
+
+// The bytes [lo, hi) of a tensor of n_t x n_h rows of `row` elements at strides st, sh (elements).
+struct Span {
+  std::string name;
+  uintptr_t lo = 0, hi = 0;
+};
+
+Span span_of(const std::string& name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
+             size_t elem) {
+  Span s{name, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(ptr)};
+  if (ptr) s.hi = s.lo + static_cast<uintptr_t>(((n_t - 1) * st + (n_h - 1) * sh + row) * int64_t(elem));
+  return s;
+}
+
+std::string hex(uintptr_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// An output's rows must not overlap one another (different threads write them at once): with the dimensions of
+// more than one row sorted by stride, each stride at least the extent of the ones inside it. Sufficient for
+// disjoint rows; it refuses only interleavings no framework makes.
+void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* st_name, int64_t n_h, int64_t sh,
+                         const char* sh_name, int64_t row) {
+  struct Dim {
+    int64_t n, s;
+    const char* name;
+  };
+  std::vector<Dim> dims;
+  if (n_t > 1) dims.push_back({n_t, st, st_name});
+  if (n_h > 1) dims.push_back({n_h, sh, sh_name});
+  std::sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.s < b.s; });
+  int64_t extent = row;
+  for (const Dim& d : dims) {
+    if (d.s < extent)
+      tensor_error(d.name, "a stride >= " + std::to_string(extent) + " elements: at " + std::to_string(d.s) + " the " +
+                               name + " rows of different " + (d.name == st_name ? "tokens" : "heads") +
+                               " overlap, and they are written at the same time");
+    extent += (d.n - 1) * d.s;
+  }
+}
+
+// No output (the workspace is one) may share a byte with an input or another output: the phases read their inputs after
+// other phases wrote outputs, and the outputs are written by many threads at once.
+void check_no_overlap(const std::vector<Span>& outputs, const std::vector<Span>& others) {
+  auto clash = [](const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Span& a = outputs[i];
+    if (a.lo == a.hi) continue;
+    auto check = [&](const Span& b) {
+      if (b.lo != b.hi && clash(a, b))
+        arg_error(a.name, "memory that does not overlap " + b.name + " (" + a.name + " spans [" + hex(a.lo) + ", " +
+                              hex(a.hi) + "), " + b.name + " [" + hex(b.lo) + ", " + hex(b.hi) + "))");
+    };
+    for (size_t j = i + 1; j < outputs.size(); ++j) check(outputs[j]);
+    for (const Span& b : others) check(b);
+  }
 }
 
 }  // namespace
@@ -74,28 +157,29 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   check_dtype(dt.dkv, p.dkv_fp32 ? DType::F32 : DType::BF16, "dkv");
   check_dtype(dt.d_sink, DType::F32, "d_sink");
   // bf16 rows are read 16 bytes at a time: 16-byte aligned bases, strides a multiple of 8.
-  check_ptr(be, t.q, "q", 16);
-  check_ptr(be, t.kv, "kv", 16);
-  check_ptr(be, t.o, "o", 16);
-  check_ptr(be, t.dout, "dout", 16);
-  check_ptr(be, t.lse, "lse", 4);
-  check_ptr(be, t.topk, "topk", 4);
-  check_ptr(be, t.dq, "dq", 16);
-  check_ptr(be, t.dkv, "dkv", 16);
+  check_tensor_ptr(be, t.q, "q", 16);
+  check_tensor_ptr(be, t.kv, "kv", 16);
+  check_tensor_ptr(be, t.o, "o", 16);
+  check_tensor_ptr(be, t.dout, "dout", 16);
+  check_tensor_ptr(be, t.lse, "lse", 4);
+  check_tensor_ptr(be, t.topk, "topk", 4);
+  check_tensor_ptr(be, t.dq, "dq", 16);
+  check_tensor_ptr(be, t.dkv, "dkv", 16);
   if (p.has_sink) {
-    check_ptr(be, t.attn_sink, "attn_sink", 4);
-    check_ptr(be, t.d_sink, "d_sink", 4);
+    check_tensor_ptr(be, t.attn_sink, "attn_sink", 4);
+    check_tensor_ptr(be, t.d_sink, "d_sink", 4);
   } else if (t.attn_sink || t.d_sink) {
-    arg_error(t.attn_sink ? "attn_sink" : "d_sink", "null, since Problem::has_sink is false");
+    tensor_error(t.attn_sink ? "attn_sink" : "d_sink", "null, since Problem::has_sink is false");
   }
   if (layout_.total) {
-    if (!workspace) arg_error("workspace", "a non-null pointer to " + std::to_string(layout_.total) + " bytes");
+    if (!workspace)
+      arg_error("run(): workspace", "a non-null pointer to " + std::to_string(layout_.total) + " bytes");
     if (workspace_size < layout_.total)
       throw Error(Status::WorkspaceTooSmall,
                   "workspace of " + std::to_string(workspace_size) + " bytes is smaller than workspace_bytes() = " +
                       std::to_string(layout_.total),
                   __FILE__, __LINE__);
-    check_ptr(be, workspace, "workspace", WorkspaceLayout::kAlign);
+    check_ptr(be, workspace, "run(): workspace", WorkspaceLayout::kAlign);
   }
 
   SmlaParams s{};
@@ -123,6 +207,25 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   s.lse_sh = stride_or(t.lse_stride_h, 1, "lse_stride_h", 1, 1);
   s.lse_st = stride_or(t.lse_stride_t, H, "lse_stride_t", 1, 0);
   s.topk_st = stride_or(t.topk_stride, p.topk, "topk_stride", 1, p.topk);
+  check_rows_disjoint("dq", p.T, s.dq_st, "dq_stride_t", H, s.dq_sh, "dq_stride_h", D);
+  {
+    const int64_t T = p.T, K = p.num_kv;
+    const size_t dkv_elem = p.dkv_fp32 ? 4 : 2;
+    const std::vector<Span> outputs{span_of("Tensors::dq", t.dq, T, s.dq_st, H, s.dq_sh, D, 2),
+                                    span_of("Tensors::dkv", t.dkv, K, s.dkv_s, 1, 0, D, dkv_elem),
+                                    span_of("Tensors::d_sink", p.has_sink ? t.d_sink : nullptr, 1, 0, 1, 0, H, 4),
+                                    span_of("run(): workspace", layout_.total ? workspace : nullptr, 1, 0, 1, 0,
+                                            int64_t(layout_.total), 1)};
+    const std::vector<Span> inputs{
+        span_of("Tensors::q", t.q, T, s.q_st, H, s.q_sh, D, 2),
+        span_of("Tensors::kv", t.kv, K, s.kv_s, 1, 0, D, 2),
+        span_of("Tensors::o", t.o, T, s.o_st, H, s.o_sh, D, 2),
+        span_of("Tensors::dout", t.dout, T, s.do_st, H, s.do_sh, D, 2),
+        span_of("Tensors::lse", t.lse, T, s.lse_st, H, s.lse_sh, 1, 4),
+        span_of("Tensors::topk", t.topk, T, s.topk_st, 1, 0, p.topk, 4),
+        span_of("Tensors::attn_sink", p.has_sink ? t.attn_sink : nullptr, 1, 0, 1, 0, H, 4)};
+    check_no_overlap(outputs, inputs);
+  }
 
   s.T = shape_.T;
   s.H = shape_.H;

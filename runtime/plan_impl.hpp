@@ -29,6 +29,7 @@ class PlanImpl : public Plan {
   void launch_step(size_t i, const SmlaParams& base, void* stream) const;
 
   Problem problem_;
+  std::shared_ptr<const void> owner_;  // the Runtime's state that backend_ points into: a plan may outlive its Runtime
   Backend* backend_ = nullptr;
   ShapeInfo shape_;
   WorkspaceLayout layout_;

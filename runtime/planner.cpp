@@ -24,9 +24,11 @@ const char* phase_name(Phase p) {
 }
 
 namespace {
-void bad(const std::string& field, const std::string& got, const std::string& expected,
-         Status st = Status::InvalidArgument) {
-  throw Error(st, "Problem::" + field + " = " + got + ": expected " + expected, __FILE__, __LINE__);
+// file and line: the check that failed, not this helper.
+[[noreturn]] void bad(const std::string& field, const std::string& got, const std::string& expected,
+                      Status st = Status::InvalidArgument, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE()) {
+  throw Error(st, "Problem::" + field + " = " + got + ": expected " + expected, file, line);
 }
 }  // namespace
 
@@ -34,6 +36,7 @@ void validate_problem(const Problem& p) {
   constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
   if (p.head_dim != 512) bad("head_dim", std::to_string(p.head_dim), "512 (DSv4 sparse MLA)", Status::Unsupported);
   if (p.T < 1) bad("T", std::to_string(p.T), "at least 1");
+  if (p.T > kMaxI32) bad("T", std::to_string(p.T), "below 2^31 (int32 token ids)");
   if (p.num_kv < 1) bad("num_kv", std::to_string(p.num_kv), "at least 1");
   if (p.num_kv >= kMaxI32) bad("num_kv", std::to_string(p.num_kv), "below 2^31 - 1 (int32 indices)");
   if (!(p.H == 16 || p.H == 32 || p.H == 64 || p.H == 128))
@@ -60,6 +63,24 @@ void validate_problem(const Problem& p) {
     // Without a sink both conventions coincide: accepted.
   }
   if (p.device < 0) bad("device", std::to_string(p.device), "a device index >= 0");
+}
+
+void validate_config(const TileConfig& c) {
+  auto bad_cfg = [](const char* field, int64_t got, const std::string& expected, const char* file = __builtin_FILE(),
+                    int line = __builtin_LINE()) {
+    throw Error(Status::InvalidArgument,
+                std::string("TileConfig::") + field + " = " + std::to_string(got) + ": expected " + expected, file,
+                line);
+  };
+  if (c.dq_impl < 0 || c.dq_impl > TileConfig::kMaxDqImpl)
+    bad_cfg("dq_impl", c.dq_impl, "0 (the planner's choice) .. " + std::to_string(TileConfig::kMaxDqImpl));
+  if (c.dkv_impl < 0 || c.dkv_impl > TileConfig::kMaxDkvImpl)
+    bad_cfg("dkv_impl", c.dkv_impl, "0 (the planner's choice) .. " + std::to_string(TileConfig::kMaxDkvImpl));
+  const std::pair<const char*, int64_t> sizes[] = {{"dq_block_h", c.dq_block_h},   {"dq_block_r", c.dq_block_r},
+                                                   {"dkv_block_r", c.dkv_block_r}, {"dkv_block_d", c.dkv_block_d},
+                                                   {"r_chunk", c.r_chunk}};
+  for (const auto& f : sizes)
+    if (f.second < 0) bad_cfg(f.first, f.second, "0 (the planner's choice) or a positive size");
 }
 
 int64_t default_t_chunk(int64_t T, int64_t r_chunk, size_t interm_budget_bytes) {

@@ -12,6 +12,9 @@ namespace smla {
 /// Throws smla::Error naming the field and what is expected when the problem is invalid or
 /// unsupported. Changes nothing.
 void validate_problem(const Problem& p);
+/// The ranges every backend checks in an explicit TileConfig (the GPU backends then check the tiles against their
+/// kernels; the CPU backend has no tiles and ignores them): impls within 0..kMax, tile sizes and r_chunk >= 0.
+void validate_config(const TileConfig& c);
 
 /// Tokens a chunk: T where the interm buffer (T x r_chunk x 512 bf16) fits `interm_budget_bytes`, else the size of
 /// the fewest equal chunks that fit (1 at least).

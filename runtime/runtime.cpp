@@ -115,8 +115,9 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
   return ins.first->second;
 }
 
-Runtime::Runtime(RuntimeOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {
+Runtime::Runtime(RuntimeOptions opts) : impl_(std::make_shared<Impl>(std::move(opts))) {
   log();  // registers the "smla" logger (stderr) before the cache looks it up
+  for (const std::string& w : runtime_env().warnings) log().warn("{}", w);
 }
 
 Runtime::~Runtime() = default;
@@ -162,6 +163,7 @@ std::shared_ptr<const Plan> Runtime::plan(const Problem& p, const TileConfig& cf
 
 std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileConfig* cfg) {
   Problem p = p_in;
+  if (cfg) validate_config(*cfg);
   if (cfg && cfg->r_chunk) p.r_chunk = cfg->r_chunk;
   validate_problem(p);
   const BackendKind kind = resolve(p.backend);
@@ -203,6 +205,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
 
   auto plan = std::make_shared<PlanImpl>();
   plan->problem_ = p;
+  plan->owner_ = impl_;  // the backend (its contexts, modules) lives as long as the last plan, not the Runtime
   plan->backend_ = be;
   plan->shape_ = choose_shape(p, runtime_env().interm_budget);
   apply_config(plan->shape_, cfg, target);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -59,6 +60,57 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.q = DType::F16; }, "Tensors::q dtype: expected bf16 (got f16)");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.topk = DType::I64; }, "Tensors::topk dtype: expected i32");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.lse = DType::BF16; }, "Tensors::lse dtype: expected f32");
+  }
+}
+
+// Outputs that share memory with an input, another output or the workspace, or whose own rows overlap, are refused
+// before anything runs (the phases read inputs after others wrote outputs; rows are written by many threads).
+TEST(Api, OverlappingOutputsAreRejected) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq = const_cast<void*>(t.q); }, "overlap Tensors::q");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq = const_cast<void*>(t.dout); }, "overlap Tensors::dout");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dkv = const_cast<void*>(t.kv); }, "overlap Tensors::kv");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dkv = static_cast<char*>(t.dq) + 4096; }, "overlap Tensors::dkv");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = const_cast<float*>(t.attn_sink); },
+                   "overlap Tensors::attn_sink");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = const_cast<float*>(t.lse); }, "overlap Tensors::lse");
+    // dq's own rows: token t's heads over token t + 1's (stride_t under H rows), or heads 8 elements apart
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 512; }, "overlap");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 8, t.dq_stride_h = 512 * kSmall.T; }, "dq_stride_t");
+    // ... while a head-major dq (its own rows disjoint) is accepted: E2E's strided cases run it.
+    // The workspace is written too: dq inside it is refused.
+    const Problem p = make_problem(b, kSmall);
+    auto plan = shared_runtime().plan(p);
+    tools::CaseRunner cr(p, make_case_inputs(kSmall, 8));
+    void* ws = cr.workspace(plan->workspace_bytes());
+    Tensors t = cr.tensors();
+    t.dq = ws;
+    try {
+      plan->run(t, ws, cr.workspace_size(), cr.stream());
+      ADD_FAILURE() << "run() accepted dq inside the workspace";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("overlap run(): workspace"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A plan keeps its backend and kernels alive: destroyed Runtime, plan still runs (it read freed memory before).
+TEST(Api, PlanOutlivesItsRuntime) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    const ref::Inputs in = make_case_inputs(kSmall, 21);
+    const Problem p = make_problem(b, kSmall);
+    std::shared_ptr<const Plan> plan;
+    {
+      Runtime rt;
+      plan = rt.plan(p);
+    }
+    tools::CaseRunner cr(p, in);
+    const tools::Outputs out = run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+    const ref::Grads g = ref::backward(in);
+    expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+    expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
   }
 }
 
@@ -252,6 +304,52 @@ TEST(CApi, ReportsStatusAndMessage) {
   expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
   smla_plan_destroy(plan);
   smla_runtime_destroy(rt);
+}
+
+// The C API's edges: a NaN or infinite scale is refused (it became the default), a struct_size that cuts a field is
+// refused (it read half of one), a call that succeeds clears the last error, a plan outlives its runtime, and the
+// library says its version.
+TEST(CApi, EdgesOfTheCApi) {
+  EXPECT_EQ(smla_version(), SMLA_VERSION);
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = 16, pb.H = 16, pb.num_kv = 32, pb.topk = 64, pb.has_sink = 1, pb.backend = SMLA_BACKEND_CPU;
+  smla_plan_t* plan = nullptr;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    pb.scale = bad;
+    EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(smla_last_error()).find("scale"), std::string::npos) << smla_last_error();
+    EXPECT_EQ(plan, nullptr);
+  }
+  pb.scale = 0;  // the default
+  smla_plan_options_t opt;
+  smla_plan_options_init(&opt);
+  opt.struct_size = 12;  // inside t_chunk
+  EXPECT_EQ(smla_plan_create_ex(rt, &pb, &opt, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("struct_size is 12"), std::string::npos) << smla_last_error();
+  ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
+  smla_plan_info_t info;
+  smla_plan_info_init(&info);
+  info.struct_size = 12;  // inside r_chunk
+  EXPECT_EQ(smla_plan_info(plan, &info), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("struct_size is 12"), std::string::npos) << smla_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
+  EXPECT_STREQ(smla_last_error(), "") << "a call that succeeded left the last error";
+
+  smla_runtime_destroy(rt);  // the plan keeps what it needs
+  const Case c{16, 16, 32, 64, 0, true, ref::TopkKind::Uniform};
+  const ref::Inputs in = make_case_inputs(c, 3);
+  tools::CaseRunner cr(make_problem(BackendKind::Cpu, c), in);
+  const smla_tensors_t ct = c_tensors(cr.tensors());
+  void* ws = cr.workspace(ws_bytes);
+  cr.poison_outputs();
+  ASSERT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
+  const tools::Outputs out = cr.read_outputs();
+  expect_bar("dq", ref::compare(ref::backward(in).dq, out.dq.data(), out.dq.size()));
+  smla_plan_destroy(plan);
 }
 
 // smla_plan_create_ex's token chunks (the C side of Problem::t_chunk), smla_plan_info, and the versioned structs:

@@ -58,6 +58,41 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "device", Status::InvalidArgument);
   p = seed_problem(), p.T = 1 << 22, p.topk = 1024;
   expect_rejected(p, "T * topk", Status::InvalidArgument);
+  // T past int32 is refused by name before T * topk is formed (2^59 * 32 wrapped to 0 and was accepted).
+  for (int64_t T : {(int64_t(1) << 59), (int64_t(1) << 60) + 1, int64_t(1) << 31}) {
+    p = seed_problem(), p.T = T, p.topk = 32;
+    expect_rejected(p, "Problem::T = " + std::to_string(T), Status::InvalidArgument);
+  }
+}
+
+// An explicit TileConfig is range-checked on every backend (the CPU backend, which has no tiles, accepted any).
+TEST(Planner, ExplicitConfigsAreRangeCheckedEverywhere) {
+  EXPECT_NO_THROW(validate_config(TileConfig{}));
+  auto refused = [](const TileConfig& c, const std::string& field) {
+    try {
+      validate_config(c);
+      ADD_FAILURE() << "accepted TileConfig with a bad " << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("TileConfig::" + field), std::string::npos) << e.what();
+    }
+  };
+  TileConfig c;
+  c.dq_impl = TileConfig::kMaxDqImpl + 1;
+  refused(c, "dq_impl");
+  c = {}, c.dkv_impl = -1;
+  refused(c, "dkv_impl");
+  c = {}, c.dq_block_h = -5;
+  refused(c, "dq_block_h");
+  c = {}, c.r_chunk = -16;
+  refused(c, "r_chunk");
+  Runtime rt;
+  Problem p = seed_problem();
+  p.T = 8, p.num_kv = 64, p.backend = BackendKind::Cpu;
+  c = {}, c.dq_impl = 7;
+  EXPECT_THROW(rt.plan(p, c), Error);
+  c = {}, c.dq_impl = TileConfig::kMaxDqImpl;
+  EXPECT_NO_THROW(rt.plan(p, c));  // in range: the CPU backend has no tiles and ignores it
 }
 
 TEST(Planner, DefaultBudgetSplitsTheTokensNotTheTopk) {

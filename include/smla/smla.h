@@ -8,11 +8,19 @@
  *   smla_plan_run(plan, &t, workspace, ws, stream);
  *   smla_plan_destroy(plan); smla_runtime_destroy(rt);
  *
- * Every function returns a status; on failure smla_last_error() (thread-local) says why. */
+ * Every function returns a status; on failure smla_last_error() (thread-local) says why, and a call that succeeds
+ * clears it. */
 #ifndef SMLA_H
 #define SMLA_H
 #include <stddef.h>
 #include <stdint.h>
+
+/* This header's version (the project's, CMakeLists.txt); smla_version() returns the library's: a caller can refuse
+   a library older than the header it was built with. */
+#define SMLA_VERSION_MAJOR 0
+#define SMLA_VERSION_MINOR 1
+#define SMLA_VERSION_PATCH 0
+#define SMLA_VERSION (SMLA_VERSION_MAJOR * 10000 + SMLA_VERSION_MINOR * 100 + SMLA_VERSION_PATCH)
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,7 +42,7 @@ typedef enum { SMLA_BACKEND_AUTO = 0, SMLA_BACKEND_CPU = 1, SMLA_BACKEND_CUDA = 
 typedef struct {
   int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
   int has_sink;                         /* attn_sink given: d_sink produced */
-  float scale;                          /* <= 0: 1/sqrt(512) */
+  float scale;                          /* <= 0: 1/sqrt(512); NaN and inf are refused */
   int64_t r_chunk;                      /* 0: planner's choice (all of topk; past SMLA_INTERM_BUDGET_BYTES
                                            the tokens are split: smla_plan_options_t.t_chunk) */
   int lse_base2;                        /* lse is log2-based (FlashMLA) */
@@ -90,6 +98,7 @@ void smla_plan_options_init(smla_plan_options_t* o);
 void smla_plan_info_init(smla_plan_info_t* i);
 void smla_tensors_init(smla_tensors_t* t);   /* all null / packed */
 smla_status_t smla_runtime_create(smla_runtime_t** out);
+/* A plan keeps what it runs on alive: it may be used and destroyed after its runtime is. */
 void smla_runtime_destroy(smla_runtime_t* rt);
 smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out);
 /* smla_plan_create with options; opt null: the defaults (the same as smla_plan_create). */
@@ -103,6 +112,8 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
                             size_t workspace_bytes, void* stream);
 /* The last error message of this thread ("" when none). */
 const char* smla_last_error(void);
+/* SMLA_VERSION of the library linked. */
+int smla_version(void);
 const char* smla_status_string(smla_status_t s);
 
 #ifdef __cplusplus

@@ -204,7 +204,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   /// Validates the problem, chooses a config and the chunking, compiles or loads the kernels,
-  /// lays out the workspace and fixes the phase order. Throws smla::Error.
+  /// lays out the workspace and fixes the phase order. Throws smla::Error. A plan keeps what it
+  /// runs on (backend, loaded kernels) alive: it stays usable after this Runtime is destroyed.
   std::shared_ptr<const Plan> plan(const Problem& p);
   /// The same with explicit tile choices (what smla-tune tries); validated like the heuristic ones.
   std::shared_ptr<const Plan> plan(const Problem& p, const TileConfig& cfg);
@@ -222,7 +223,7 @@ class Runtime {
 
  private:
   std::shared_ptr<const Plan> plan_with(const Problem& p, const TileConfig* cfg);
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with the plans: a plan keeps its backend and kernels alive
 };
 
 }  // namespace smla
