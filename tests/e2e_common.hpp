@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -21,6 +23,11 @@ struct Case {
   LseKind lse = LseKind::Aiter;
   bool out_of_range = false;
   int t_chunk = 0;  // tokens a chunk (0: the planner's choice)
+  // Set after construction (not positional):
+  float scale = 0;               // Problem::scale (0: the default 1/sqrt(512))
+  bool strided = false;          // tools::Layout::Strided: every stride set, gaps checked untouched
+  bool dkv_fp32 = false;         // Problem::dkv_fp32
+  bool neg_inf_sink = false;     // two heads' sink -inf (FlashMLA allows it), with an empty token
 };
 
 inline std::string describe(const Case& c) {
@@ -29,7 +36,9 @@ inline std::string describe(const Case& c) {
     << (c.sink ? " sink" : " no-sink") << (c.kind == ref::TopkKind::Benchmark ? " bench-topk" : " uniform-topk")
     << (c.empty_rows ? " empty-rows" : "") << (c.repeats ? " repeats" : "")
     << (c.lse == LseKind::FlashMla ? " lse=base2-excl" : c.lse == LseKind::Base2Incl ? " lse=base2-incl" : "")
-    << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "");
+    << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "")
+    << (c.scale ? " scale=" + std::to_string(c.scale) : "") << (c.strided ? " strided" : "")
+    << (c.dkv_fp32 ? " dkv-fp32" : "") << (c.neg_inf_sink ? " -inf-sink" : "");
   return s.str();
 }
 
@@ -51,6 +60,14 @@ inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
   }
   if (c.repeats) ref::inject_repeats(in, std::max(4, c.T / 4), seed + 1);
   if (c.out_of_range) ref::inject_out_of_range(in, std::max(3, c.T / 8), seed + 2);
+  if (c.scale || c.neg_inf_sink) {
+    if (c.scale) in.scale = c.scale;
+    if (c.neg_inf_sink && c.sink) {
+      in.sink[1] = in.sink[size_t(c.H) - 1] = -std::numeric_limits<float>::infinity();
+      for (int r = 0; r < c.topk; ++r) in.topk[size_t(c.T - 1) * c.topk + r] = -1;  // the last token: no slot
+    }
+    ref::forward(in);  // o and lse for the new scale / sink / top-k
+  }
   return in;
 }
 
@@ -59,6 +76,8 @@ inline Problem make_problem(BackendKind b, const Case& c) {
   p.T = c.T, p.H = c.H, p.num_kv = c.num_kv, p.topk = c.topk, p.r_chunk = c.r_chunk, p.t_chunk = c.t_chunk;
   p.has_sink = c.sink;
   p.backend = b;
+  if (c.scale) p.scale = c.scale;
+  p.dkv_fp32 = c.dkv_fp32;
   if (c.lse == LseKind::FlashMla) p.lse = {true, false};
   if (c.lse == LseKind::Base2Incl) p.lse = {true, true};
   return p;
@@ -96,11 +115,12 @@ inline tools::Outputs run_poisoned(const Plan& plan, tools::CaseRunner& cr, void
 /// Plans and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
 /// against the float64 reference and against each other bit for bit.
 inline void run_and_check(BackendKind b, const Case& c, uint64_t seed) {
+  SCOPED_TRACE("seed " + std::to_string(seed));  // the inputs of a failure, reproducible
   const ref::Inputs in = make_case_inputs(c, seed);
   const Problem p = make_problem(b, c);
   auto plan = shared_runtime().plan(p);
   const std::vector<float> lse = case_lse(c, in);
-  tools::CaseRunner cr(p, in, &lse);
+  tools::CaseRunner cr(p, in, &lse, c.strided ? tools::Layout::Strided : tools::Layout::Packed);
   void* ws = cr.workspace(plan->workspace_bytes());
   const tools::Outputs first = run_poisoned(*plan, cr, ws);
   const tools::Outputs second = run_poisoned(*plan, cr, ws);
@@ -108,8 +128,23 @@ inline void run_and_check(BackendKind b, const Case& c, uint64_t seed) {
   const ref::Grads g = ref::backward(in);
   const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512;
   expect_bar("dq", ref::compare(g.dq, first.dq.data(), nq));
-  expect_bar("dkv", ref::compare(g.dkv, first.dkv.data(), nkv));
+  if (c.dkv_fp32) {
+    ASSERT_EQ(first.dkv_f32.size(), nkv);
+    expect_bar("dkv (fp32)", ref::compare(g.dkv, first.dkv_f32.data(), nkv));
+  } else {
+    expect_bar("dkv", ref::compare(g.dkv, first.dkv.data(), nkv));
+  }
+  // The contract: rows no slot points at are 0 (exactly, not merely small).
+  for (int j = 0; j < c.num_kv; ++j) {
+    const double* rr = &g.dkv[size_t(j) * 512];
+    if (!std::all_of(rr, rr + 512, [](double v) { return v == 0; })) continue;
+    for (size_t d = size_t(j) * 512; d < size_t(j + 1) * 512; ++d) {
+      const bool zero = c.dkv_fp32 ? first.dkv_f32[d] == 0.f : (first.dkv[d] & 0x7fff) == 0;
+      ASSERT_TRUE(zero) << "dkv row " << j << " (no slot points at it) is not 0 at column " << d % 512;
+    }
+  }
   if (c.sink) expect_bar("d_sink", ref::compare(g.d_sink, first.d_sink.data(), size_t(c.H)));
+  EXPECT_EQ(first.stray_writes, 0u) << "elements between the outputs' rows were written";
   expect_same_bits(first, second);
 }
 

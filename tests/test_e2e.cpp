@@ -12,9 +12,25 @@
 namespace smla::test {
 namespace {
 
+// A copy of `c` with one of the options set after construction.
+Case with(Case c, void (*set)(Case&)) {
+  set(c);
+  return c;
+}
+
 std::vector<Case> cpu_cases() {
   using K = ref::TopkKind;
+  const Case small{40, 16, 90, 64, 0, true, K::Uniform}, chunked{65, 64, 300, 64, 16, true, K::Uniform, true, true};
   return {
+      // the caller's options: a scale of its own, strided tensors (with top-k and token chunks), fp32 dkv, sinks of
+      // -inf (with a token that has no valid slot), FlashMLA's lse with them
+      with(small, [](Case& c) { c.scale = 0.07f; }),
+      with(chunked, [](Case& c) { c.strided = true; }),
+      with(chunked, [](Case& c) { c.strided = true, c.t_chunk = 20, c.scale = 0.03f; }),
+      with(small, [](Case& c) { c.dkv_fp32 = true; }),
+      with(chunked, [](Case& c) { c.dkv_fp32 = true, c.strided = true; }),
+      with(small, [](Case& c) { c.neg_inf_sink = true; }),
+      with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),
       {1, 16, 64, 64, 0, true, K::Benchmark},
       {63, 16, 48, 64, 32, false, K::Uniform},          // num_kv < T, chunked
       {257, 16, 400, 160, 80, true, K::Benchmark},       // chunked, window + pool
@@ -48,6 +64,11 @@ std::vector<Case> gpu_cases() {
       {257, 128, 1300, 512, 0, true, K::Benchmark, false, false, LseKind::Aiter, false, 100},
       {257, 128, 3000, 1152, 384, true, K::Benchmark, true, true, LseKind::FlashMla, false, 64},
       {1000, 64, 5120, 640, 0, true, K::Benchmark, false, false, LseKind::Aiter, true, 333},
+      // the wgmma bodies (H 64, 128) with the caller's options
+      with({257, 128, 1300, 512, 0, true, K::Benchmark}, [](Case& c) { c.strided = true, c.scale = 0.05f; }),
+      with({257, 128, 3000, 1152, 384, true, K::Benchmark}, [](Case& c) { c.strided = true, c.t_chunk = 64; }),
+      with({300, 64, 2000, 640, 0, true, K::Benchmark}, [](Case& c) { c.dkv_fp32 = true, c.neg_inf_sink = true; }),
+      with({257, 128, 1300, 512, 128, true, K::Uniform}, [](Case& c) { c.dkv_fp32 = true, c.strided = true; }),
   };
   c.insert(c.end(), more.begin(), more.end());
   return c;

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 
 #include "reference/reference.hpp"
+#include "runtime/bf16.hpp"
 
 using namespace smla::ref;
 
@@ -197,3 +199,53 @@ TEST(Reference, LseConventionsRoundTrip) {
     ASSERT_NEAR(back, in.lse[i], 1e-5 * (1 + std::fabs(in.lse[i])));
   }
 }
+
+// runtime/bf16.hpp is the one piece the reference shares with the CPU backend, and every comparison decodes outputs
+// with it: its conversions against bit patterns worked out by hand, so that a bug there cannot cancel out.
+namespace smla {
+namespace {
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float f32_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+TEST(Bf16, ConversionsAgainstHandDerivedBits) {
+  // Exact values: the top 16 bits.
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_bf16(0.0f), 0x0000);
+  EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_bf16(f32_of(0x7f800000u)), 0x7f80);  // +inf
+  EXPECT_EQ(float_to_bf16(f32_of(0xff800000u)), 0xff80);  // -inf
+  // Round to nearest, ties to even: 1 + 2^-8 is halfway between 0x3f80 and 0x3f81, and 0x3f80 is even.
+  EXPECT_EQ(float_to_bf16(f32_of(0x3f808000u)), 0x3f80);
+  EXPECT_EQ(float_to_bf16(f32_of(0x3f818000u)), 0x3f82);  // halfway above the odd 0x3f81: up to even
+  EXPECT_EQ(float_to_bf16(f32_of(0x3f808001u)), 0x3f81);  // just above halfway: up
+  EXPECT_EQ(float_to_bf16(f32_of(0x3f807fffu)), 0x3f80);  // just below: down
+  EXPECT_EQ(float_to_bf16(f32_of(0x7f7fffffu)), 0x7f80);  // the largest float rounds to inf
+  EXPECT_EQ(float_to_bf16(f32_of(0x00000001u)), 0x0000);  // the smallest subnormal to +0
+  // NaN stays NaN whatever its payload (rounding the bits would carry some NaNs into inf or the sign).
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff80ffffu, 0x7fffffffu}) {
+    const uint16_t b = float_to_bf16(f32_of(nan));
+    EXPECT_EQ(b & 0x7f80, 0x7f80) << std::hex << nan;
+    EXPECT_NE(b & 0x007f, 0) << std::hex << nan;
+  }
+  // Decoding: the bits back in the top half, exact.
+  EXPECT_EQ(f32_bits(bf16_to_float(0x3f80)), 0x3f800000u);
+  EXPECT_EQ(f32_bits(bf16_to_float(0xc049)), 0xc0490000u);
+  EXPECT_EQ(f32_bits(bf16_to_float(0x8000)), 0x80000000u);
+  EXPECT_EQ(f32_bits(bf16_to_float(0x0001)), 0x00010000u);  // a subnormal
+  for (uint32_t b = 0; b < 0x10000; ++b) {  // every finite bf16 survives the round trip
+    if ((b & 0x7f80) == 0x7f80) continue;
+    ASSERT_EQ(float_to_bf16(bf16_to_float(uint16_t(b))), b) << std::hex << b;
+  }
+}
+
+}  // namespace smla

@@ -3,6 +3,7 @@
 
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,23 +11,55 @@
 
 namespace smla::tools {
 
-CaseRunner::CaseRunner(const Problem& p, const ref::Inputs& in, const std::vector<float>* lse) : p_(p) {
+CaseRunner::CaseRunner(const Problem& p, const ref::Inputs& in, const std::vector<float>* lse, Layout layout)
+    : p_(p), layout_(layout) {
   device_ = p.backend == BackendKind::Cuda;
   if (device_) stream_ = std::make_unique<cuda::Stream>();
-  const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
-  t_.q = add(in.q.data(), nq * 2);
-  t_.kv = add(in.kv.data(), nkv * 2);
-  t_.o = add(in.o.data(), nq * 2);
-  t_.dout = add(in.dout.data(), nq * 2);
+  const int64_t T = p.T, H = p.H, K = p.num_kv, D = 512;
+  const bool st = layout == Layout::Strided;
+  // Strided: each tensor its own layout (strides in elements, multiples of 8 for bf16 rows as the API asks).
+  const Shape3 q_s = st ? Shape3{T, H, D, D + 8, T * (D + 8) + 16, 2} : Shape3{T, H, D, H * D, D, 2};  // head-major
+  const Shape3 o_s = st ? Shape3{T, H, D, H * (D + 16) + 32, D + 16, 2} : q_s;                      // padded rows
+  const Shape3 do_s = st ? Shape3{T, H, D, D, T * D, 2} : q_s;                                     // head-major
+  dq_shape_ = st ? Shape3{T, H, D, D + 24, T * (D + 24) + 8, 2} : q_s;                             // head-major
+  const Shape3 kv_s{K, 1, D, st ? D + 40 : D, 0, 2};
+  dkv_shape_ = Shape3{K, 1, D, st ? D + (p.dkv_fp32 ? 4 : 8) : D, 0, size_t(p.dkv_fp32 ? 4 : 2)};
+  const Shape3 lse_s = st ? Shape3{T, H, 1, 1, T + 3, 4} : Shape3{T, H, 1, H, 1, 4};  // transposed: [H][T + 3]
+  const Shape3 topk_s{T, 1, p.topk, st ? p.topk + 5 : p.topk, 0, 4};
+  if (st) {
+    t_.q_stride_t = q_s.st, t_.q_stride_h = q_s.sh, t_.o_stride_t = o_s.st, t_.o_stride_h = o_s.sh;
+    t_.do_stride_t = do_s.st, t_.do_stride_h = do_s.sh, t_.dq_stride_t = dq_shape_.st, t_.dq_stride_h = dq_shape_.sh;
+    t_.kv_stride = kv_s.st, t_.dkv_stride = dkv_shape_.st, t_.lse_stride_t = lse_s.st, t_.lse_stride_h = lse_s.sh;
+    t_.topk_stride = topk_s.st;
+  }
+  // Input gaps hold values that would show if read: NaN for the floats, an in-range index for the top-k.
+  const uint16_t nan_bf16 = 0x7fc1;
+  const float nan_f32 = std::nanf("");
+  const int32_t index0 = 0;
+  t_.q = add_laid_out(in.q.data(), q_s, &nan_bf16);
+  t_.kv = add_laid_out(in.kv.data(), kv_s, &nan_bf16);
+  t_.o = add_laid_out(in.o.data(), o_s, &nan_bf16);
+  t_.dout = add_laid_out(in.dout.data(), do_s, &nan_bf16);
   const std::vector<float>& l = lse ? *lse : in.lse;
-  t_.lse = static_cast<const float*>(add(l.data(), l.size() * 4));
-  t_.topk = static_cast<const int32_t*>(add(in.topk.data(), in.topk.size() * 4));
+  t_.lse = static_cast<const float*>(add_laid_out(l.data(), lse_s, &nan_f32));
+  t_.topk = static_cast<const int32_t*>(add_laid_out(in.topk.data(), topk_s, &index0));
   if (p.has_sink) {
     t_.attn_sink = static_cast<const float*>(add(in.sink.data(), size_t(p.H) * 4));
     t_.d_sink = static_cast<float*>(add(nullptr, size_t(p.H) * 4));
   }
-  t_.dq = add(nullptr, nq * 2);
-  t_.dkv = add(nullptr, nkv * (p.dkv_fp32 ? 4 : 2));
+  t_.dq = add(nullptr, dq_shape_.span() * dq_shape_.elem);
+  t_.dkv = add(nullptr, dkv_shape_.span() * dkv_shape_.elem);
+}
+
+void* CaseRunner::add_laid_out(const void* src, const Shape3& s, const void* gap) {
+  if (s.packed()) return add(src, s.span() * s.elem);  // as is
+  std::vector<char> buf(s.span() * s.elem);
+  for (size_t i = 0; i < s.span(); ++i) std::memcpy(&buf[i * s.elem], gap, s.elem);
+  for (int64_t t = 0; t < s.n_t; ++t)
+    for (int64_t h = 0; h < s.n_h; ++h)
+      std::memcpy(&buf[size_t(t * s.st + h * s.sh) * s.elem],
+                  static_cast<const char*>(src) + size_t((t * s.n_h + h) * s.row) * s.elem, size_t(s.row) * s.elem);
+  return add(buf.data(), buf.size());
 }
 
 CaseRunner::~CaseRunner() = default;
@@ -73,14 +106,15 @@ void CaseRunner::fill32(void* p, size_t bytes, uint32_t word) {
   }
 }
 
+void CaseRunner::poison(void* p, const Shape3& s, uint32_t word) {
+  // Whole 32-bit words: every span here has an even number of bf16 elements (strides and rows multiples of 8).
+  fill32(p, s.span() * s.elem / 4 * 4, word);
+}
+
 void CaseRunner::poison_outputs() {
-  const size_t nq = size_t(p_.T) * p_.H * 512, nkv = size_t(p_.num_kv) * 512;
   const uint32_t bf16_pair = uint32_t(ref::kPoisonBf16) * 0x10001u;
-  fill32(t_.dq, nq * 2, bf16_pair);
-  if (p_.dkv_fp32)
-    fill32(t_.dkv, nkv * 4, ref::kPoisonF32);
-  else
-    fill32(t_.dkv, nkv * 2, bf16_pair);
+  poison(t_.dq, dq_shape_, bf16_pair);
+  poison(t_.dkv, dkv_shape_, p_.dkv_fp32 ? ref::kPoisonF32 : bf16_pair);
   if (p_.has_sink) fill32(t_.d_sink, size_t(p_.H) * 4, ref::kPoisonF32);  // fill32 waits for the device
 }
 
@@ -111,14 +145,33 @@ std::map<std::string, std::string> output_digests(const Outputs& o) {
   return d;
 }
 
+template <class T>
+std::vector<T> CaseRunner::read_laid_out(const void* p, const Shape3& s, T poison, size_t* stray) const {
+  std::vector<T> all = read<T>(p, s.span());
+  if (s.packed()) return all;
+  std::vector<T> out(size_t(s.n_t * s.n_h * s.row));
+  std::vector<char> inside(all.size(), 0);
+  for (int64_t t = 0; t < s.n_t; ++t)
+    for (int64_t h = 0; h < s.n_h; ++h) {
+      const size_t at = size_t(t * s.st + h * s.sh);
+      std::memcpy(&out[size_t((t * s.n_h + h) * s.row)], &all[at], size_t(s.row) * sizeof(T));
+      std::memset(&inside[at], 1, size_t(s.row));
+    }
+  for (size_t i = 0; i < all.size(); ++i)
+    if (!inside[i] && std::memcmp(&all[i], &poison, sizeof(T)) != 0) ++*stray;
+  return out;
+}
+
 Outputs CaseRunner::read_outputs() const {
   Outputs o;
-  const size_t nq = size_t(p_.T) * p_.H * 512, nkv = size_t(p_.num_kv) * 512;
-  o.dq = read<uint16_t>(t_.dq, nq);
-  if (p_.dkv_fp32)
-    o.dkv_f32 = read<float>(t_.dkv, nkv);
-  else
-    o.dkv = read<uint16_t>(t_.dkv, nkv);
+  o.dq = read_laid_out<uint16_t>(t_.dq, dq_shape_, ref::kPoisonBf16, &o.stray_writes);
+  if (p_.dkv_fp32) {
+    float poison;
+    std::memcpy(&poison, &ref::kPoisonF32, 4);
+    o.dkv_f32 = read_laid_out<float>(t_.dkv, dkv_shape_, poison, &o.stray_writes);
+  } else {
+    o.dkv = read_laid_out<uint16_t>(t_.dkv, dkv_shape_, ref::kPoisonBf16, &o.stray_writes);
+  }
   if (p_.has_sink) o.d_sink = read<float>(t_.d_sink, size_t(p_.H));
   return o;
 }

@@ -17,7 +17,15 @@ struct Outputs {
   std::vector<uint16_t> dq, dkv;  // bf16 bits
   std::vector<float> dkv_f32;     // with Problem::dkv_fp32
   std::vector<float> d_sink;
+  /// Layout::Strided: elements in the gaps between dq's and dkv's rows that no longer hold the poison (a write
+  /// outside the tensor as its strides describe it). 0 for packed tensors, which have no gaps.
+  size_t stray_writes = 0;
 };
+
+/// How CaseRunner lays out the tensors: packed, or with every stride the API has set to something else (padded
+/// rows, head-major q/o/dout/dq, a transposed lse, padded top-k rows), each tensor differently, so that a kernel
+/// that mixes up two strides or assumes packing reads or writes the wrong elements.
+enum class Layout { Packed, Strided };
 
 /// xxHash64 (16 hex digits) of each output's bytes, by name ("dq", "dkv", "dkv_f32", "d_sink"; only those present):
 /// bitwise comparisons of outputs across processes, rounds and builds without keeping the outputs.
@@ -26,7 +34,8 @@ std::map<std::string, std::string> output_digests(const Outputs& o);
 class CaseRunner {
  public:
   /// `p.backend` must be resolved (not Auto). `lse` overrides in.lse (another convention).
-  CaseRunner(const Problem& p, const ref::Inputs& in, const std::vector<float>* lse = nullptr);
+  CaseRunner(const Problem& p, const ref::Inputs& in, const std::vector<float>* lse = nullptr,
+             Layout layout = Layout::Packed);
   ~CaseRunner();
   bool device() const { return device_; }
   Tensors& tensors() { return t_; }
@@ -46,7 +55,24 @@ class CaseRunner {
   template <class T>
   std::vector<T> read(const void* p, size_t count) const;
 
+  /// A [n_t][n_h][row] tensor of `elem`-byte elements at element strides st, sh.
+  struct Shape3 {
+    int64_t n_t, n_h, row, st, sh;
+    size_t elem;
+    size_t span() const { return size_t((n_t - 1) * st + (n_h - 1) * sh + row); }  // elements from the first
+    bool packed() const { return (n_h == 1 || sh == row) && st == n_h * row; }
+  };
+  /// The packed `src` ([n_t][n_h][row]) laid out as `s` (gaps filled with `gap`, one elem-sized pattern).
+  void* add_laid_out(const void* src, const Shape3& s, const void* gap);
+  /// Poisons all of `s`'s span (its gaps too).
+  void poison(void* p, const Shape3& s, uint32_t word);
+  /// The packed elements of `s` at `p`; counts the gap elements that differ from `poison` into *stray.
+  template <class T>
+  std::vector<T> read_laid_out(const void* p, const Shape3& s, T poison, size_t* stray) const;
+
   Problem p_;
+  Layout layout_ = Layout::Packed;
+  Shape3 dq_shape_{}, dkv_shape_{};
   bool device_ = false;
   Tensors t_;
   struct FreeDeleter {
