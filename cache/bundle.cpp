@@ -152,7 +152,12 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     int rc = ::rename(stage.c_str(), dst.c_str());
     int e = rc == 0 ? 0 : errno;
     if (rc != 0 && (e == EEXIST || e == ENOTEMPTY) && !load_entry(dst, digest).ok) {
-      remove_entry(Root{s_.dir}, name);  // a corrupt local copy gives way to the verified one
+      // A corrupt local copy gives way to the verified one, if we may remove it.
+      if (!remove_entry(Root{s_.dir}, name, &err)) {
+        fs::remove_all(stage, ec);
+        r.rejected.push_back(name + ": the local copy is bad and " + err);
+        continue;
+      }
       rc = ::rename(stage.c_str(), dst.c_str());
       e = rc == 0 ? 0 : errno;
     }

@@ -69,14 +69,48 @@ struct DiskCache::Impl {
   std::map<std::string, std::shared_ptr<std::mutex>> key_mutex;
   std::map<std::string, std::vector<uint8_t>> memory;  // binaries that could not be published
   std::atomic<int64_t> compiles{0}, disk_hits{0}, system_hits{0}, memory_hits{0},
-      corrupt_replaced{0}, publish_failures{0};
-  std::atomic<bool> warned_publish{false};
+      corrupt_replaced{0}, corrupt_kept{0}, publish_failures{0};
+  std::atomic<bool> warned_publish{false}, warned_remove{false};
+  // The LRU bound without a rescan per publish (that made N publishes O(N^2)): bytes of the
+  // last scan plus what this process published since. Other processes' publishes are missed
+  // until the next scan, so one is forced every kRescanEvery publishes.
+  static constexpr int kRescanEvery = 64;
+  std::mutex evict_mu;  // guards the two below
+  int64_t approx_bytes = -1;  // < 0: unknown, scan at the next publish
+  int publishes_since_scan = 0;
 
   std::shared_ptr<std::mutex> mutex_for(const std::string& digest) {
     std::lock_guard<std::mutex> g(mu);
     auto& m = key_mutex[digest];
     if (!m) m = std::make_shared<std::mutex>();
     return m;
+  }
+
+  // An entry we could not remove is usually another user's, created without group write
+  // permission: warn once (the fix is the same for all), then only at debug level.
+  void removal_failed(const std::string& err) {
+    if (!warned_remove.exchange(true))
+      log().warn("smla-cache: {}; entries of another user are not writable by this one (a shared "
+                 "cache needs umask 002 and a setgid group directory); keeping them", err);
+    else
+      log().debug("smla-cache: {}", err);
+  }
+
+  // After publishing `added` bytes as `keep`: evict if the total may exceed max_bytes, down to
+  // 90% of it, so that a full cache is not rescanned on every publish.
+  void bound_size(int64_t max_bytes, const std::string& keep, int64_t added) {
+    std::lock_guard<std::mutex> g(evict_mu);
+    if (approx_bytes >= 0 && ++publishes_since_scan < kRescanEvery &&
+        approx_bytes + added <= max_bytes) {
+      approx_bytes += added;
+      return;
+    }
+    Evicted ev = evict(user, max_bytes - max_bytes / 10, keep);
+    for (const auto& gone : ev.removed)
+      log().info("smla-cache: evicted {} (SMLA_CACHE_MAX_BYTES={})", gone, max_bytes);
+    for (const auto& why : ev.failed) removal_failed(why);
+    approx_bytes = ev.total;
+    publishes_since_scan = 0;
   }
 };
 
@@ -139,6 +173,7 @@ Stats DiskCache::stats() const {
   st.system_hits = I.system_hits;
   st.memory_hits = I.memory_hits;
   st.corrupt_replaced = I.corrupt_replaced;
+  st.corrupt_kept = I.corrupt_kept;
   st.publish_failures = I.publish_failures;
   return st;
 }
@@ -161,24 +196,35 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   }
 
   // A verified, accepted binary from one root, or nothing. Bad entries of the user cache are
-  // deleted (so never served twice); the system cache is read-only and only skipped.
+  // deleted (so never served twice); the system cache is read-only and only skipped, as is a
+  // user cache we cannot write.
+  bool stuck = false;  // a bad user entry stays in place: publishing would "lose" to it
+  std::string stuck_err;
   auto try_root = [&](const Root& r, bool owned, Fetched* out) {
     Loaded L = load_entry(r.entry(name), k.digest);
     if (L.missing) return false;
-    const char* what = owned ? "deleting it and recompiling" : "skipping it";
+    std::string problem;
     if (!L.ok) {
-      log().warn("smla-cache [{}]: corrupt cache entry {}: {}; {}", k.tag, r.entry(name), L.problem, what);
+      problem = "corrupt cache entry " + r.entry(name) + ": " + L.problem;
     } else if (accept && !accept(L.binary)) {
-      log().warn("smla-cache [{}]: the driver refused cached binary {}; {}", k.tag, r.entry(name), what);
+      problem = "the driver refused cached binary " + r.entry(name);
     } else {
       if (owned && writable_) touch(r.entry(name));  // a hit refreshes LRU recency
       out->binary = std::move(L.binary);
       return true;
     }
-    if (owned) {
+    // Say (and count) what actually happened to the entry.
+    std::string what = "skipping it";
+    if (owned && writable_ && remove_entry(r, name, &stuck_err)) {
       ++I.corrupt_replaced;
-      if (writable_) remove_entry(r, name);
+      what = "deleted it, recompiling";
+    } else if (owned) {
+      ++I.corrupt_kept;
+      stuck = writable_;
+      what = writable_ ? stuck_err + "; keeping it, recompiling into memory"
+                       : "the cache is read-only here: keeping it, recompiling into memory";
     }
+    log().warn("smla-cache [{}]: {}; {}", k.tag, problem, what);
     return false;
   };
 
@@ -202,8 +248,8 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
       log().warn("smla-cache [{}]: waited {:.1f} s for another process compiling this kernel; "
                  "compiling here (SMLA_CACHE_LOCK_TIMEOUT_S)", k.tag,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    // Whoever held the lock has probably published by now.
-    if (r == FileLock::Acquired && try_root(I.user, true, &out)) {
+    // Whoever held the lock has probably published by now (unless a bad entry is stuck there).
+    if (r == FileLock::Acquired && !stuck && try_root(I.user, true, &out)) {
       ++I.disk_hits;
       out.origin = Origin::Disk;
       return out;
@@ -217,19 +263,21 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   std::string err;
   if (writable_ && c.binary.empty()) {
     err = "the compiler returned an empty binary";
+  } else if (writable_ && stuck) {
+    err = "a bad entry of this key cannot be replaced: " + stuck_err;
   } else if (writable_) {
     bool lost = false;
-    published = publish_entry(I.user, name, make_manifest(f, k, c), f.source, c.binary, s_, &lost, &err);
-    if (published && !lost && s_.max_bytes > 0) {
-      for (const auto& gone : evict(I.user, s_.max_bytes, name))
-        log().info("smla-cache: evicted {} (SMLA_CACHE_MAX_BYTES={})", gone, s_.max_bytes);
-    }
+    int64_t added = 0;
+    published = publish_entry(I.user, name, make_manifest(f, k, c), f.source, c.binary, s_, &lost,
+                              &added, &err);
+    if (published && !lost && s_.max_bytes > 0) I.bound_size(s_.max_bytes, name, added);
   }
   if (!published) {
     if (writable_) {
       ++I.publish_failures;
-      // Warn once: a full disk would otherwise log on every kernel.
-      if (!I.warned_publish.exchange(true))
+      // Warn once: a full disk would otherwise log on every kernel. A stuck bad entry has had
+      // its warning above.
+      if (!stuck && !I.warned_publish.exchange(true))
         log().warn("smla-cache [{}]: cannot publish to {} ({}); keeping compiled kernels in memory",
                    k.tag, s_.dir, err);
       else
@@ -290,7 +338,11 @@ BulkResult DiskCache::prune(int64_t max_bytes) {
     return r;
   }
   clean_stale_staging(impl_->user, s_.stale_staging_s);
-  r.done = int64_t(evict(impl_->user, max_bytes, "").size());
+  Evicted ev = evict(impl_->user, max_bytes, "");
+  r.done = int64_t(ev.removed.size());
+  r.rejected = ev.failed;
+  std::lock_guard<std::mutex> g(impl_->evict_mu);
+  impl_->approx_bytes = -1;
   return r;
 }
 
@@ -301,10 +353,13 @@ BulkResult DiskCache::clear() {
     return r;
   }
   for (const auto& s : scan_entries(impl_->user)) {
-    remove_entry(impl_->user, s.name);
-    ++r.done;
+    std::string err;
+    if (remove_entry(impl_->user, s.name, &err)) ++r.done;
+    else r.rejected.push_back(err);
   }
   clean_stale_staging(impl_->user, s_.stale_staging_s);
+  std::lock_guard<std::mutex> g(impl_->evict_mu);
+  impl_->approx_bytes = -1;
   return r;
 }
 

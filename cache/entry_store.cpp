@@ -79,7 +79,9 @@ int64_t num(const nlohmann::json& j, const char* k) {
 
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
                 std::string* err) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // 0666 and the umask decide: under umask 002 a group cache stays writable by the group, so
+  // another member can replace or evict this entry.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
     *err = "cannot create " + path + ": " + errno_text(errno);
     return false;
@@ -152,7 +154,10 @@ void touch(const std::string& path) {
   timespec ts[2];
   ts[0].tv_sec = ts[1].tv_sec = v / 1000000000;
   ts[0].tv_nsec = ts[1].tv_nsec = v % 1000000000;
-  ::utimensat(AT_FDCWD, path.c_str(), ts, 0);  // best effort: a read-only cache keeps old stamps
+  if (::utimensat(AT_FDCWD, path.c_str(), ts, 0) == 0) return;
+  // Explicit stamps need ownership; "now" needs only write access: another group member's entry
+  // in a shared cache is still refreshed. Best effort: a read-only cache keeps old stamps.
+  if (errno == EPERM) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
 }
 
 std::string make_staging(const Root& r, const char* kind, std::string* err) {
@@ -160,24 +165,31 @@ std::string make_staging(const Root& r, const char* kind, std::string* err) {
   fs::create_directories(r.staging(), ec);
   std::string p = r.staging() + "/" + kind + "." + host_name() + "." +
                   std::to_string(getpid()) + "." + random_hex();
-  if (::mkdir(p.c_str(), 0755) != 0) {
+  if (::mkdir(p.c_str(), 0777) != 0) {  // the umask decides, as for files (write_file)
     *err = "cannot create " + p + ": " + errno_text(errno);
     return "";
   }
   return p;
 }
 
-void remove_entry(const Root& r, const std::string& name) {
+bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   std::string from = r.entry(name);
   std::string to = r.staging() + "/trash." + host_name() + "." + std::to_string(getpid()) + "." +
                    random_hex();
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
   if (::rename(from.c_str(), to.c_str()) == 0) {
-    fs::remove_all(to, ec);
-  } else if (errno != ENOENT) {
-    fs::remove_all(from, ec);  // cannot move it aside: delete in place
+    fs::remove_all(to, ec);  // out of entries/ already; leftovers are stale staging
+    return true;
   }
+  int e = errno;
+  if (e == ENOENT) return true;  // someone else removed it
+  fs::remove_all(from, ec);  // cannot move it aside: delete in place
+  std::error_code xec;
+  if (!fs::exists(from, xec)) return true;
+  // Typically another user's entry in a shared cache created without group write permission.
+  *err = "cannot remove " + from + ": " + (ec ? ec.message() : errno_text(e));
+  return false;
 }
 
 int clean_stale_staging(const Root& r, int64_t stale_s) {
@@ -187,7 +199,8 @@ int clean_stale_staging(const Root& r, int64_t stale_s) {
   for (fs::directory_iterator it(r.staging(), ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     std::string path = it->path().string();
-    bool stale = now - mtime_ns(path) > stale_s * 1000000000LL;
+    int64_t age_ns = now - mtime_ns(path);
+    bool stale = age_ns > stale_s * 1000000000LL;
     // <kind>.<host>.<pid>.<rand>; the host may itself contain dots.
     size_t d3 = name.rfind('.');
     size_t d2 = d3 == std::string::npos || d3 == 0 ? std::string::npos : name.rfind('.', d3 - 1);
@@ -197,7 +210,12 @@ int clean_stale_staging(const Root& r, int64_t stale_s) {
       long pid = std::strtol(name.substr(d2 + 1, d3 - d2 - 1).c_str(), nullptr, 10);
       if (host == host_name() && pid > 0) {
         if (pid == getpid()) continue;  // ours, maybe in flight on another thread
-        stale = stale || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH);
+        // A dead pid alone is no proof: a container in another PID namespace can share the
+        // hostname and be publishing right now. An age is, since a publish takes well under a
+        // second. (A lock held by the publisher would need flock, unreliable on the network
+        // filesystems shared caches live on.)
+        stale = stale || (age_ns > kDeadOwnerGraceS * 1000000000LL &&
+                          ::kill(pid_t(pid), 0) != 0 && errno == ESRCH);
       }
     }
     if (!stale) continue;
@@ -306,8 +324,9 @@ nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutp
 
 bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
                    const std::string& source, const std::vector<uint8_t>& binary,
-                   const Settings& s, bool* lost_race, std::string* err) {
+                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err) {
   *lost_race = false;
+  *bytes = 0;
   std::string stage = make_staging(r, "stage", err);
   if (stage.empty()) return false;
   auto fail = [&] {
@@ -331,6 +350,7 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
   if (::rename(stage.c_str(), dst.c_str()) == 0) {
     fsync_dir(r.entries());
     touch(dst);
+    *bytes = int64_t(source.size() + binary.size() + m.size());  // as scan_entries counts it
     return true;
   }
   if (errno == EEXIST || errno == ENOTEMPTY) {
@@ -362,22 +382,25 @@ std::vector<Scanned> scan_entries(const Root& r) {
   return v;
 }
 
-std::vector<std::string> evict(const Root& r, int64_t max_bytes, const std::string& keep) {
+Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
   std::vector<Scanned> v = scan_entries(r);
-  int64_t total = 0;
-  for (const auto& s : v) total += s.bytes;
+  Evicted ev;
+  for (const auto& s : v) ev.total += s.bytes;
   std::sort(v.begin(), v.end(), [](const Scanned& a, const Scanned& b) {
     return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.name < b.name;
   });
-  std::vector<std::string> gone;
   for (const auto& s : v) {
-    if (total <= max_bytes) break;
+    if (ev.total <= max_bytes) break;
     if (s.name == keep) continue;
-    remove_entry(r, s.name);
-    total -= s.bytes;
-    gone.push_back(s.name);
+    std::string err;
+    if (!remove_entry(r, s.name, &err)) {
+      ev.failed.push_back(err);
+      continue;  // still there: it still counts, try the next one
+    }
+    ev.total -= s.bytes;
+    ev.removed.push_back(s.name);
   }
-  return gone;
+  return ev;
 }
 
 }  // namespace smla::cache::detail

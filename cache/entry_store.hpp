@@ -58,8 +58,14 @@ struct Root {
 /// A fresh directory .staging/<kind>.<host>.<pid>.<rand>; empty string (and *err) on failure.
 std::string make_staging(const Root& r, const char* kind, std::string* err);
 /// Removes an entry so that nobody sees it half-deleted: rename into .staging, then delete.
-void remove_entry(const Root& r, const std::string& name);
-/// Removes staging dirs whose owner is gone (same host, dead pid) or older than `stale_s`.
+/// True when it is gone (or was already); false and *err when it could not be removed (e.g.
+/// another user's entry that is not writable by us).
+bool remove_entry(const Root& r, const std::string& name, std::string* err);
+/// A staging dir of this host whose pid is dead is removed only once older than this: the pid
+/// may be a live process of another PID namespace with the same hostname.
+constexpr int64_t kDeadOwnerGraceS = 600;
+/// Removes staging dirs whose owner is gone (same host, dead pid, older than kDeadOwnerGraceS)
+/// or older than `stale_s`.
 int clean_stale_staging(const Root& r, int64_t stale_s);
 
 /// A verified entry or why it is not one. `missing`: no such entry (a plain miss, not corrupt).
@@ -77,10 +83,11 @@ Loaded load_entry(const std::string& entry_dir, const std::string& digest);
 nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutput& out);
 
 /// Stages source, binary and manifest, fsyncs them and the directory, renames into place.
-/// Another process winning the rename counts as success (`*lost_race` set).
+/// Another process winning the rename counts as success (`*lost_race` set). `*bytes`: the size
+/// of the entry this call added (0 if it lost the race).
 bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
                    const std::string& source, const std::vector<uint8_t>& binary,
-                   const Settings& s, bool* lost_race, std::string* err);
+                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err);
 
 struct Scanned {
   std::string name;
@@ -88,8 +95,12 @@ struct Scanned {
   int64_t mtime_ns = 0;
 };
 std::vector<Scanned> scan_entries(const Root& r);
+struct Evicted {
+  std::vector<std::string> removed;  ///< names
+  std::vector<std::string> failed;   ///< why, for each entry that could not be removed
+  int64_t total = 0;                 ///< bytes of the entries left
+};
 /// Evicts least recently used entries until the total is <= max_bytes, never `keep`.
-/// Returns the names evicted.
-std::vector<std::string> evict(const Root& r, int64_t max_bytes, const std::string& keep);
+Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep);
 
 }  // namespace smla::cache::detail

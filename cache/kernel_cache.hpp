@@ -53,7 +53,8 @@ struct Settings {
                            ///< else /tmp/smla-locks-<uid>
   double lock_timeout_s = 120;  ///< SMLA_CACHE_LOCK_TIMEOUT_S: then the waiter compiles itself
   int64_t stale_staging_s = 3600;  ///< SMLA_CACHE_STALE_S: staging of other hosts older than this
-                                   ///< is removed (same host: removed once its pid is gone)
+                                   ///< is removed (same host: once its pid is gone and it is
+                                   ///< older than 10 minutes)
   // Test-only hooks (CI fault injection; never set them in production).
   bool test_fail_writes = false;   ///< SMLA_CACHE_TEST_FAIL_WRITES=1: data writes fail with ENOSPC
   int test_publish_delay_ms = 0;   ///< SMLA_CACHE_TEST_PUBLISH_DELAY_MS: sleep mid-publish, after
@@ -83,6 +84,8 @@ struct Stats {
   int64_t disk_hits = 0;         ///< verified loads from the user cache
   int64_t system_hits = 0;       ///< verified loads from the system cache
   int64_t corrupt_replaced = 0;  ///< entries that failed verification or were refused, deleted
+  int64_t corrupt_kept = 0;      ///< such entries that could not be deleted (read-only cache, or
+                                 ///< not writable by us): skipped, recompiled into memory
   int64_t publish_failures = 0;  ///< publishes that failed (disk full, unwritable): kept in memory
   int64_t memory_hits = 0;       ///< hits on binaries kept in memory (disk disabled/unwritable/full)
 };
@@ -115,8 +118,9 @@ class DiskCache {
   /// Thread-safe. A verified entry from the user cache, else the system cache, else `compile()`
   /// (one compile per key at a time in this process, and across processes under an optional lock
   /// with timeout), then published. `accept(binary)` returning false for a binary read from disk
-  /// (the driver refused it) deletes the entry, logs a warning and recompiles once. Throws only
-  /// what `compile` throws.
+  /// (the driver refused it) deletes the entry, logs a warning and recompiles once; an entry that
+  /// cannot be deleted (read-only or not ours) is skipped and the binary kept in memory. Throws
+  /// only what `compile` throws.
   Fetched get_or_compile(const KeyFields& f, const std::function<CompileOutput()>& compile,
                          const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
 

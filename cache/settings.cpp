@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -40,7 +41,8 @@ bool parse_bytes(const std::string& s, int64_t* out) {
   if (u.size() >= 2 && u.substr(u.size() - 2) == "IB") u.resize(u.size() - 2);
   else if (!u.empty() && u.back() == 'B') u.pop_back();
   int shift = u.empty() ? 0 : u == "K" ? 10 : u == "M" ? 20 : u == "G" ? 30 : u == "T" ? 40 : -1;
-  if (shift < 0) return false;
+  // An overflowing shift wrapped negative, which prune read as "evict everything".
+  if (shift < 0 || v > (INT64_MAX >> shift)) return false;
   *out = v << shift;
   return true;
 }

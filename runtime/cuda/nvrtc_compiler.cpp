@@ -2,8 +2,13 @@
 #include "nvrtc_compiler.hpp"
 #include "nvrtc_options.hpp"
 
+#include <dlfcn.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -35,15 +40,44 @@ bool NvrtcCompiler::available(std::string* why) const {
   return true;
 }
 
+namespace {
+// Size of the file `path` resolves to; -1 if none.
+long long real_file_bytes(const std::string& path) {
+  char real[PATH_MAX];
+  struct stat st {};
+  if (!::realpath(path.c_str(), real) || ::stat(real, &st) != 0) return -1;
+  return static_cast<long long>(st.st_size);
+}
+}  // namespace
+
+std::string nvrtc_build_stamp(const void* nvrtc_symbol, int major, int minor) {
+  Dl_info info{};
+  if (!nvrtc_symbol || !::dladdr(nvrtc_symbol, &info) || !info.dli_fname) return "libnvrtc-bytes=?";
+  const std::string lib = info.dli_fname;
+  // NVRTC loads its builtins by this name from beside itself (the directory it was found in,
+  // which may hold only a symlink to it).
+  const std::string builtins = "libnvrtc-builtins.so." + std::to_string(major) + "." + std::to_string(minor);
+  char real[PATH_MAX];
+  const std::string resolved = ::realpath(lib.c_str(), real) ? real : lib;
+  long long b = -1;
+  for (const std::string& p : {lib, resolved})
+    if (b < 0) b = real_file_bytes(p.substr(0, p.rfind('/') + 1) + builtins);
+  return "libnvrtc-bytes=" + std::to_string(real_file_bytes(lib)) + ";builtins-bytes=" + std::to_string(b);
+}
+
 std::string NvrtcCompiler::identity() const {
   // Read once: the headers and the library do not change under a running process.
   static const std::string id = [] {
   int maj = 0, min = 0;
   if (nvrtc().ok) nvrtc().Version(&maj, &min);
   const std::string inc = cuda_include_dir();
+  // nvrtcVersion is major.minor only: a patch release (13.0.48 -> 13.0.88) kept the key and
+  // its old binaries. The library's size changes with the build yet is the same on every
+  // machine with that build, so shared caches still hit.
   return "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
          ";cuda-" + read_define(inc + "/cuda.h", "CUDA_VERSION") +
-         ";cccl-" + read_define(inc + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION");
+         ";cccl-" + read_define(inc + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION") + ";" +
+         nvrtc_build_stamp(nvrtc().ok ? reinterpret_cast<const void*>(nvrtc().Version) : nullptr, maj, min);
   }();
   return id;
 }

@@ -8,7 +8,8 @@ class NvrtcCompiler : public RtcCompiler {
  public:
   std::string family() const override { return "cuda"; }
   bool available(std::string* why) const override;
-  /// "nvrtc-13.0;cuda-13000;cccl-3000001": the compiler and the headers it compiles against.
+  /// "nvrtc-13.0;cuda-13000;cccl-3000001;libnvrtc-bytes=N;builtins-bytes=M": the compiler
+  /// (with its build, see nvrtc_build_stamp) and the headers it compiles against.
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
@@ -17,6 +18,11 @@ class NvrtcCompiler : public RtcCompiler {
   /// whose results are cached. Tests use it for ptxas's report (--ptxas-options=-v).
   std::vector<std::string> extra_options;
 };
+
+/// "libnvrtc-bytes=N;builtins-bytes=M": byte sizes of the real file of the library holding
+/// `nvrtc_symbol` (found with dladdr, symlinks resolved) and of libnvrtc-builtins.so.MAJOR.MINOR
+/// beside it; -1 for a file not found. Tells patch releases apart, which nvrtcVersion does not.
+std::string nvrtc_build_stamp(const void* nvrtc_symbol, int major, int minor);
 
 /// Reads `#define NAME <value>` from a header file; empty when absent.
 std::string read_define(const std::string& path, const std::string& name);

@@ -30,7 +30,7 @@ std::string ChildStatus::describe() const {
 
 namespace {
 
-ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output) {
+ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp) {
   ChildStatus st;
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -44,7 +44,7 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
-  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     st.spawn_error = std::string(args[0]) + ": " + std::strerror(rc);
@@ -76,12 +76,31 @@ bool executable(const fs::path& p) {
 
 }  // namespace
 
+std::vector<std::string> worker_environment(const char* const* env) {
+  std::vector<std::string> out;
+  bool user_set = false;
+  for (; env && *env; ++env) {
+    out.emplace_back(*env);
+    user_set = user_set || out.back().rfind("AMD_COMGR_CACHE=", 0) == 0;
+  }
+  // comgr (ROCm >= 7) keeps its own on-disk cache by default, under ours: redundant, and it
+  // crashed with SIGBUS on NFS under contention (CACHE-LESSONS.md). Off unless the user chose.
+  // Older comgr ignores the variable.
+  if (!user_set) out.emplace_back("AMD_COMGR_CACHE=0");
+  return out;
+}
+
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
                                       const std::vector<std::string>& output_files) {
   std::vector<ChildStatus> out(argvs.size());
+  std::vector<std::string> env = worker_environment(environ);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t i; (i = next++) < argvs.size();) out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "");
+    for (size_t i; (i = next++) < argvs.size();)
+      out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data());
   };
   std::vector<std::thread> pool;
   size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size());

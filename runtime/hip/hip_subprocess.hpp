@@ -16,8 +16,13 @@ struct ChildStatus {
   std::string describe() const;
 };
 
-/// Runs each argv (argv[0] is the executable path) with at most `jobs` at once; waits for its
-/// own children only (never waitpid(-1), which would reap the host application's children).
+/// The environment `env` (NULL-terminated, like environ) plus AMD_COMGR_CACHE=0 unless it sets
+/// AMD_COMGR_CACHE: what a hipRTC worker runs with.
+std::vector<std::string> worker_environment(const char* const* env);
+
+/// Runs each argv (argv[0] is the executable path) with at most `jobs` at once, in the
+/// environment worker_environment(environ); waits for its own children only (never
+/// waitpid(-1), which would reap the host application's children).
 /// When `output_files` is given, child i's stdout and stderr go to output_files[i] (hipRTC and
 /// LLVM print their fatal errors there).
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,

@@ -159,7 +159,25 @@ std::vector<std::string> HipRtcCompiler::options(const std::string& target) cons
   return o;
 }
 
+namespace detail {
+std::string hiprtc_env_options() {
+  std::string s;
+  for (const char* name : {"HIPRTC_COMPILE_OPTIONS_APPEND", "HIPRTC_LINK_OPTIONS_APPEND"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) s += std::string(";") + name + "=" + v;
+  }
+  return s;
+}
+}  // namespace detail
+
 std::string HipRtcCompiler::identity() const {
+  // hipRTC appends these variables' options to every compile or link, here and in the workers
+  // (which inherit our environment): they change the code, so they are part of the key. Read on
+  // every call, not once, so the key follows the environment the compile will see.
+  return base_identity() + detail::hiprtc_env_options();
+}
+
+std::string HipRtcCompiler::base_identity() const {
   static std::once_flag once;
   static std::string id;
   std::call_once(once, [this] {

@@ -39,8 +39,8 @@ class HipRtcCompiler : public RtcCompiler {
 
   std::string family() const override { return "hip"; }
   bool available(std::string* why) const override;
-  /// "hip-runtime=<HIP_VERSION>;comgr=<major.minor>;clang=<.comment of a code object>".
-  /// Never hiprtcVersion, which is hard-coded in the library.
+  /// "hip-runtime=<HIP_VERSION>;comgr=<major.minor>;clang=<.comment of a code object>", then
+  /// detail::hiprtc_env_options(). Never hiprtcVersion, which is hard-coded in the library.
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
   /// Serialized by a process-wide mutex. Throws Status::CompileError carrying the hipRTC log and
@@ -48,6 +48,7 @@ class HipRtcCompiler : public RtcCompiler {
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
 
  private:
+  std::string base_identity() const;  // everything but the environment; computed once
   bool probe_targets_;
   std::string worker_;
 };
@@ -68,6 +69,9 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
                                                          const std::string& worker = "");
 
 namespace detail {
+/// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and
+/// non-empty: options hipRTC adds to every compile or link, so part of the compiler identity.
+std::string hiprtc_env_options();
 /// The worker's request file: target, then the RenderedSource, as length-prefixed records.
 void write_request(const std::string& path, const RenderedSource& src, const std::string& target);
 bool read_request(const std::string& path, RenderedSource* src, std::string* target);

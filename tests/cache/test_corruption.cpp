@@ -69,7 +69,9 @@ TEST_P(Corruption, DetectedNamedReplacedLogged) {
   EXPECT_EQ(r.binary, payload(f));
   EXPECT_EQ(c.calls, 1);
   EXPECT_EQ(b.stats().corrupt_replaced, 1);
+  EXPECT_EQ(b.stats().corrupt_kept, 0);
   EXPECT_EQ(log.count("corrupt cache entry"), 1) << log.text();
+  EXPECT_EQ(log.count("deleted it"), 1) << log.text();
   EXPECT_NE(log.text().find("[" + make_key(f).tag + "]"), std::string::npos) << log.text();
   EXPECT_EQ(b.get_or_compile(g, c.fn(g)).origin, Origin::Disk) << "the other entry is untouched";
 
@@ -101,6 +103,7 @@ TEST(CorruptionReadOnly, SkippedNotServed) {
   damage(Damage::BitFlipped, t / ("cache/entries/" + make_key(f).entry_name()), "");
   Settings s = settings_for(t);
   s.readonly = true;
+  LogCapture log;
   DiskCache ro(s);
   EXPECT_FALSE(ro.writable());
   Fetched r = ro.get_or_compile(f, c.fn(f));
@@ -108,6 +111,12 @@ TEST(CorruptionReadOnly, SkippedNotServed) {
   EXPECT_EQ(r.binary, payload(f));
   EXPECT_EQ(ro.get_or_compile(f, c.fn(f)).origin, Origin::Memory);
   EXPECT_TRUE(fs::exists(t / ("cache/entries/" + make_key(f).entry_name()))) << "read-only: kept";
+  // The log and the counters say it was kept, not deleted.
+  EXPECT_EQ(ro.stats().corrupt_replaced, 0);
+  EXPECT_EQ(ro.stats().corrupt_kept, 1);
+  EXPECT_EQ(log.count("corrupt cache entry"), 1) << log.text();
+  EXPECT_EQ(log.count("delet"), 0) << log.text();
+  EXPECT_EQ(log.count("keeping it"), 1) << log.text();
 }
 
 }  // namespace smla::cache::test

@@ -126,6 +126,25 @@ TEST(CacheSettings, ByteSizes) {
   EXPECT_FALSE(parse_byte_size("4X", &v));
   EXPECT_FALSE(parse_byte_size("", &v));
   EXPECT_FALSE(parse_byte_size("-1", &v));
+  // Values that do not fit in int64 are rejected, not wrapped (9999999T was negative).
+  v = 7;
+  EXPECT_FALSE(parse_byte_size("9999999T", &v));
+  EXPECT_FALSE(parse_byte_size("8388608T", &v));
+  EXPECT_FALSE(parse_byte_size("999999999999999G", &v));
+  EXPECT_FALSE(parse_byte_size("9999999999999999", &v)) << "too many digits";
+  EXPECT_EQ(v, 7) << "untouched on failure";
+  EXPECT_TRUE(parse_byte_size("8388607T", &v));
+  EXPECT_EQ(v, INT64_MAX >> 40 << 40);
+  EXPECT_TRUE(parse_byte_size("999999999999999", &v));
+  EXPECT_EQ(v, 999999999999999);
+}
+
+TEST(CacheSettings, OverflowingMaxBytesKeepsTheDefault) {
+  EnvGuard g;
+  g.set("SMLA_CACHE_MAX_BYTES", "9999999T");
+  LogCapture log;
+  EXPECT_EQ(settings_from_env().max_bytes, Settings().max_bytes);
+  EXPECT_EQ(log.count("ignoring SMLA_CACHE_MAX_BYTES"), 1) << log.text();
 }
 
 }  // namespace smla::cache::test

@@ -2,6 +2,7 @@
 // killed mid-compile, a lock timeout, and a process killed in the middle of publishing.
 // Each "rank" is the cache_helper executable (fork/exec), logging its compiles to a file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <map>
 
@@ -135,10 +136,18 @@ TEST(MultiProcess, SigkillMidPublishServesNothingBroken) {
   EXPECT_TRUE(entry_names(r.t / "cache").empty()) << "nothing half-published";
   EXPECT_EQ(count_dir(staging), 1u);
 
-  // The next process cleans the dead publisher's staging and compiles a sound entry.
+  // A dead pid's fresh staging is kept (the pid may be reused by a live publisher in another
+  // PID namespace with the same hostname); once old, the next process cleans it.
   Settings s = settings_for(r.t);
+  { DiskCache first(s); }
+  EXPECT_EQ(count_dir(staging), 1u) << "fresh staging of a dead pid is kept";
+  std::error_code ec;
+  for (fs::directory_iterator it(staging, ec), e; !ec && it != e; it.increment(ec)) {
+    timespec old[2] = {{::time(nullptr) - 20 * 60, 0}, {::time(nullptr) - 20 * 60, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, it->path().c_str(), old, 0), 0);
+  }
   DiskCache cache(s);
-  EXPECT_EQ(count_dir(staging), 0u) << "stale staging of a dead pid is removed";
+  EXPECT_EQ(count_dir(staging), 0u) << "old staging of a dead pid is removed";
   KeyFields f = fields("k0");
   FakeCompiler c;
   Fetched got = cache.get_or_compile(f, c.fn(f));

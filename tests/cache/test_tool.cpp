@@ -49,6 +49,11 @@ TEST(Tool, PruneKeepsNewestAndClearEmpties) {
   EXPECT_EQ(names[0].substr(0, 3), "k2-");
   EXPECT_EQ(names[1].substr(0, 3), "k3-");
   EXPECT_NE(tool(t / "c", "prune --max-bytes 12Q").first, 0) << "a malformed size is an error";
+  // It wrapped negative and emptied the cache.
+  auto [rc_big, out_big] = tool(t / "c", "prune --max-bytes 9999999T");
+  EXPECT_EQ(rc_big, 2) << out_big;
+  EXPECT_NE(out_big.find("is not a size"), std::string::npos) << out_big;
+  EXPECT_EQ(entry_names(t / "c").size(), 2u) << "an overflowing bound evicts nothing";
   auto [rc2, out2] = tool(t / "c", "clear");
   EXPECT_EQ(rc2, 0) << out2;
   EXPECT_TRUE(entry_names(t / "c").empty());

@@ -1,0 +1,127 @@
+// The compilers' contributions to the cache key: NVRTC's identity tells patch releases apart,
+// hipRTC's follows the environment variables that change its code, and hipRTC workers run
+// without comgr's own cache. No GPU; parts that need NVRTC or hipRTC skip without them.
+#include <gtest/gtest.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <climits>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_api.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#ifdef SMLA_TEST_HIP
+#include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
+#include "runtime/hip/hiprtc_compiler.hpp"
+#endif
+
+namespace smla {
+namespace {
+
+long long bytes_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+}
+
+TEST(NvrtcIdentity, NamesTheSizesOfTheLoadedLibraryAndItsBuiltins) {
+  const cuda::Nvrtc& n = cuda::nvrtc();
+  if (!n.ok) GTEST_SKIP() << "no NVRTC here: " << n.why;
+  Dl_info info{};
+  ASSERT_NE(::dladdr(reinterpret_cast<const void*>(n.Version), &info), 0);
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(info.dli_fname, real), nullptr) << info.dli_fname;
+  int maj = 0, min = 0;
+  n.Version(&maj, &min);
+  std::string dir(real);
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  const long long lib = bytes_of(real);
+  const long long builtins = bytes_of(dir + "libnvrtc-builtins.so." + std::to_string(maj) + "." + std::to_string(min));
+  ASSERT_GT(lib, 0);
+  const std::string id = cuda::NvrtcCompiler().identity();
+  EXPECT_NE(id.find("nvrtc-" + std::to_string(maj) + "." + std::to_string(min) + ";"), std::string::npos) << id;
+  EXPECT_NE(id.find(";libnvrtc-bytes=" + std::to_string(lib) + ";"), std::string::npos) << id;
+  EXPECT_NE(id.find(";builtins-bytes=" + std::to_string(builtins)), std::string::npos) << id;
+  EXPECT_GT(builtins, 0) << "libnvrtc-builtins not found beside " << real << ": " << id;
+  std::cout << "[ note ] identity: " << id << "\n";
+}
+
+// The stamp of another library (libc, via a symbol of it): its size, and no builtins beside it.
+TEST(NvrtcIdentity, StampOfAnyLibraryIsItsFileSize) {
+  const void* sym = reinterpret_cast<const void*>(&::getenv);
+  Dl_info info{};
+  ASSERT_NE(::dladdr(sym, &info), 0);
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(info.dli_fname, real), nullptr);
+  EXPECT_EQ(cuda::nvrtc_build_stamp(sym, 99, 7),
+            "libnvrtc-bytes=" + std::to_string(bytes_of(real)) + ";builtins-bytes=-1");
+  EXPECT_EQ(cuda::nvrtc_build_stamp(nullptr, 13, 0), "libnvrtc-bytes=?");
+}
+
+#ifdef SMLA_TEST_HIP
+struct EnvVar {
+  std::string name;
+  EnvVar(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~EnvVar() { ::unsetenv(name.c_str()); }
+};
+
+TEST(HipRtcIdentity, EnvironmentOptionsAreInTheKeyFields) {
+  ::unsetenv("HIPRTC_COMPILE_OPTIONS_APPEND");
+  ::unsetenv("HIPRTC_LINK_OPTIONS_APPEND");
+  EXPECT_EQ(hip::detail::hiprtc_env_options(), "");
+  {
+    EnvVar empty("HIPRTC_COMPILE_OPTIONS_APPEND", "");
+    EXPECT_EQ(hip::detail::hiprtc_env_options(), "") << "empty is unset";
+  }
+  EnvVar c("HIPRTC_COMPILE_OPTIONS_APPEND", "-mcumode");
+  EXPECT_EQ(hip::detail::hiprtc_env_options(), ";HIPRTC_COMPILE_OPTIONS_APPEND=-mcumode");
+  EnvVar l("HIPRTC_LINK_OPTIONS_APPEND", "-O1");
+  EXPECT_EQ(hip::detail::hiprtc_env_options(),
+            ";HIPRTC_COMPILE_OPTIONS_APPEND=-mcumode;HIPRTC_LINK_OPTIONS_APPEND=-O1");
+}
+
+TEST(HipRtcIdentity, IdentityChangesWithTheEnvironment) {
+  std::string why;
+  if (!hip::Api::get(&why)) GTEST_SKIP() << "no hipRTC here: " << why;
+  ::unsetenv("HIPRTC_COMPILE_OPTIONS_APPEND");
+  ::unsetenv("HIPRTC_LINK_OPTIONS_APPEND");
+  hip::HipRtcCompiler rtc(true, SMLA_HIPRTC_WORKER_PATH);
+  const std::string plain = rtc.identity();
+  std::string with;
+  {
+    EnvVar c("HIPRTC_COMPILE_OPTIONS_APPEND", "-mcumode");
+    with = rtc.identity();
+  }
+  EXPECT_NE(plain, with);
+  EXPECT_EQ(with, plain + ";HIPRTC_COMPILE_OPTIONS_APPEND=-mcumode");
+  EXPECT_EQ(rtc.identity(), plain) << "unset again: the old key";
+}
+
+TEST(HipWorkerEnvironment, ComgrCacheOffUnlessTheUserSetIt) {
+  const char* none[] = {"PATH=/bin", nullptr};
+  EXPECT_EQ(hip::worker_environment(none), (std::vector<std::string>{"PATH=/bin", "AMD_COMGR_CACHE=0"}));
+  const char* mine[] = {"AMD_COMGR_CACHE=1", "PATH=/bin", nullptr};
+  EXPECT_EQ(hip::worker_environment(mine), (std::vector<std::string>{"AMD_COMGR_CACHE=1", "PATH=/bin"}));
+  const char* empty[] = {"AMD_COMGR_CACHE=", nullptr};
+  EXPECT_EQ(hip::worker_environment(empty), (std::vector<std::string>{"AMD_COMGR_CACHE="}));
+}
+
+// What a child started by run_children (as every hipRTC worker is) actually sees.
+TEST(HipWorkerEnvironment, ChildrenRunWithComgrCacheOff) {
+  ::unsetenv("AMD_COMGR_CACHE");
+  hip::TempDir dir("smla-env-test");
+  const std::string out = dir.path() + "/env.txt";
+  auto st = hip::run_children({{"/bin/sh", "-c", "echo \"cache=[$AMD_COMGR_CACHE]\""}}, 1, {out});
+  ASSERT_TRUE(st[0].exited && st[0].code == 0) << st[0].describe();
+  std::ifstream in(out);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "cache=[0]\n");
+  EXPECT_EQ(std::getenv("AMD_COMGR_CACHE"), nullptr) << "our own environment is untouched";
+}
+#endif
+
+}  // namespace
+}  // namespace smla

@@ -1,0 +1,179 @@
+// A cache shared by the members of one group (umask 002, setgid directory): what one member
+// publishes, another can replace when it is bad, evict and refresh.
+#include <gtest/gtest.h>
+#include <grp.h>
+#include <sys/stat.h>
+
+#include "test_util.hpp"
+
+namespace smla::cache::test {
+
+// Sets the umask for one scope.
+struct Umask {
+  mode_t old;
+  explicit Umask(mode_t m) : old(::umask(m)) {}
+  ~Umask() { ::umask(old); }
+};
+
+TEST(SharedCache, Umask002MakesEntriesGroupWritable) {
+  TempDir t;
+  Umask u(002);
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache cache(settings_for(t));
+  ASSERT_EQ(cache.get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  std::string e = t / ("cache/entries/" + make_key(f).entry_name());
+  for (std::string p : {e, e + "/kernel.bin", e + "/manifest.json", e + "/source.txt", t / "cache/entries"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+    EXPECT_TRUE(st.st_mode & S_IWGRP) << p << " mode " << std::oct << (st.st_mode & 07777);
+  }
+}
+
+// Runs `fn` in a child process as uid/gid (a member of only that group, umask 002); returns
+// what it reports ("" = all well).
+static std::string run_as(uid_t uid, gid_t gid, const std::function<std::string()>& fn) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string r;
+    if (::setgroups(1, &gid) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0)
+      r = "cannot become " + std::to_string(uid) + ":" + std::to_string(gid);
+    else {
+      ::umask(002);
+      r = fn();
+    }
+    (void)!::write(fds[1], r.data(), r.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  ::close(fds[0]);
+  int rc = wait_exit(pid);
+  return rc == 0 ? out : out + " (child exit " + std::to_string(rc) + ")";
+}
+
+// Two users of one group on one cache: the second replaces the first's bad entry, refreshes
+// its good one on a hit, and evicts it. Before group-writable creation, the removal failed
+// silently: the bad entry stayed and was reported as replaced.
+TEST(SharedCache, AnotherMemberReplacesRefreshesAndEvicts) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two users of one group";
+  const uid_t alice = 54321, bob = 54322;
+  const gid_t group = 54320;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const std::string dir = t / "cache";
+  // The group directory: setgid, so everything below belongs to the group.
+  ASSERT_EQ(::mkdir(dir.c_str(), 0775), 0);
+  ASSERT_EQ(::chown(dir.c_str(), 0, group), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 02775), 0);
+  Settings s;
+  s.dir = dir;
+  s.lock = false;
+  s.max_bytes = 0;
+  KeyFields bad = fields("k_bad"), good = fields("k_good"), other = fields("k_other");
+  const std::string bad_dir = dir + "/entries/" + make_key(bad).entry_name();
+  const std::string good_dir = dir + "/entries/" + make_key(good).entry_name();
+
+  EXPECT_EQ(run_as(alice, group, [&] {
+              DiskCache a(s);
+              FakeCompiler c;
+              a.get_or_compile(bad, c.fn(bad));
+              a.get_or_compile(good, c.fn(good));
+              return c.calls == 2 && a.stats().publish_failures == 0 ? "" : "alice could not publish";
+            }), "");
+  struct stat st {};
+  ASSERT_EQ(::stat(bad_dir.c_str(), &st), 0);
+  ASSERT_EQ(st.st_uid, alice);
+  {  // damage alice's entry in place (root keeps the owner)
+    std::string bin = bad_dir + "/kernel.bin", b = slurp(bin);
+    b[b.size() / 2] ^= 1;
+    std::ofstream(bin, std::ios::binary | std::ios::trunc) << b;
+  }
+  timespec old[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, good_dir.c_str(), old, 0), 0);
+
+  EXPECT_EQ(run_as(bob, group, [&] {
+              std::string r;
+              DiskCache b(s);
+              FakeCompiler c;
+              Fetched x = b.get_or_compile(bad, c.fn(bad));
+              if (x.origin != Origin::Compiled || b.stats().corrupt_replaced != 1 || b.stats().corrupt_kept != 0)
+                r += "bad entry not replaced; ";
+              if (b.get_or_compile(good, c.fn(good)).origin != Origin::Disk) r += "good entry not hit; ";
+              return r;
+            }), "");
+  ASSERT_EQ(::stat(bad_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, bob) << "the bad entry was replaced by bob's";
+  ASSERT_EQ(::stat(good_dir.c_str(), &st), 0);
+  EXPECT_GT(st.st_mtime, ::time(nullptr) - 600) << "bob's hit refreshed alice's entry's LRU stamp";
+  {
+    Settings ro = s;
+    ro.readonly = true;
+    DiskCache check(ro);
+    FakeCompiler c;
+    EXPECT_EQ(check.get_or_compile(bad, c.fn(bad)).origin, Origin::Disk) << "the replacement verifies";
+  }
+
+  // Bob publishes under a bound that leaves room for one entry: alice's are evicted.
+  EXPECT_EQ(run_as(bob, group, [&] {
+              Settings sb = s;
+              sb.max_bytes = 1;
+              DiskCache b(sb);
+              FakeCompiler c;
+              b.get_or_compile(other, c.fn(other));
+              return std::string();
+            }), "");
+  EXPECT_EQ(entry_names(dir), std::vector<std::string>{make_key(other).entry_name()});
+}
+
+// An entry that is not ours to delete: kept, said so, counted as kept, and the binary served
+// from memory (publishing would only "lose" against it).
+TEST(SharedCache, EntryNotWritableByUsIsKeptAndSaidSo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as a second user";
+  const uid_t alice = 54321, bob = 54322;
+  const gid_t group = 54320;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0777), 0);
+  Settings s;
+  s.dir = t / "cache";
+  s.lock = false;
+  s.max_bytes = 0;
+  KeyFields f = fields("k_bad");
+  EXPECT_EQ(run_as(alice, group, [&] {
+              ::umask(022);  // alice does not share
+              DiskCache a(s);
+              FakeCompiler c;
+              a.get_or_compile(f, c.fn(f));
+              ::chmod((t / "cache/entries").c_str(), 0777);  // but anyone may add entries
+              ::chmod((t / "cache/.staging").c_str(), 0777);
+              return std::string();
+            }), "");
+  std::string e = t / ("cache/entries/" + make_key(f).entry_name());
+  std::ofstream(e + "/kernel.bin", std::ios::binary | std::ios::trunc) << "garbage";
+  EXPECT_EQ(run_as(bob, group, [&] {
+              std::string r;
+              LogCapture log;
+              DiskCache b(s);
+              FakeCompiler c;
+              if (!b.writable()) return std::string("not writable");
+              if (b.get_or_compile(f, c.fn(f)).binary != payload(f)) r += "wrong binary; ";
+              if (b.get_or_compile(f, c.fn(f)).origin != Origin::Memory) r += "second fetch not from memory; ";
+              if (c.calls != 1) r += "compiled " + std::to_string(c.calls) + " times; ";
+              Stats st = b.stats();
+              if (st.corrupt_replaced != 0 || st.corrupt_kept != 1) r += "counted as replaced; ";
+              if (log.count("cannot remove") < 1 || log.count("keeping it") != 1 || log.count("[warning]") != 1) r += "log: " + log.text();
+              // Nor are prune and clear counting it as removed.
+              BulkResult p = b.prune(0), c2 = b.clear();
+              if (p.done != 0 || p.rejected.size() != 1) r += "prune counted it; ";
+              if (c2.done != 0 || c2.rejected.size() != 1) r += "clear counted it; ";
+              return r;
+            }), "");
+  EXPECT_EQ(slurp(e + "/kernel.bin"), "garbage") << "alice's entry is still there";
+}
+
+}  // namespace smla::cache::test
