@@ -36,7 +36,18 @@ struct Options {
   std::vector<int> dq_impls{0};   // TileConfig::dq_impl of each plan to time (0: the planner's choice)
   std::vector<int> dkv_impls{0};  // TileConfig::dkv_impl likewise; the plans are every (dq, dkv) pair
   int rounds = 3;                // alternating rounds when several bodies are timed
+  bool backends = false;         // --backends: print what each backend can do here, and stop
 };
+
+// What each backend can do here: usable (devices, target), can compile (with which compiler build: the cache key's
+// identity, so two machines can be compared before a cache warmed on one is carried to the other).
+int print_backends() {
+  smla::Runtime rt;
+  for (const smla::BackendStatus& b : rt.backends())
+    std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
+                b.detail.c_str());
+  return 0;
+}
 
 double flops(const smla::Problem& p) { return 10.0 * p.T * p.H * p.topk * 512.0; }
 
@@ -352,6 +363,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, smla::TileConfig::kMaxDkvImpl));
   app.add_option("--rounds", o.rounds, "alternating rounds when several plans are timed (default 3)")
       ->check(CLI::Range(1, 100));
+  app.add_flag("--backends", o.backends,
+               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit");
   CLI11_PARSE(app, argc, argv);
+  if (o.backends) return smla::tools::run_tool("smla-bench", print_backends);
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }
