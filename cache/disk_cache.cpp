@@ -133,19 +133,21 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
     return;
   }
   if (!s_.readonly) {
-    // Creating the tree and a scratch directory in it is the writability probe. Data writes can
-    // still fail later (full disk): publish handles that.
+    // Creating the tree and renaming a scratch directory from .staging/ into entries/ is the
+    // writability probe. Data writes can still fail later (full disk): publish handles that.
     fs::create_directories(I.user.entries(), ec);
     std::string err;
-    std::string probe = ec ? "" : make_staging(I.user, "probe", &err);
-    if (!probe.empty()) {
-      ::rmdir(probe.c_str());
+    if (!ec && probe_publish(I.user, &err)) {
       writable_ = true;
       clean_stale_staging(I.user, s_.stale_staging_s);
     } else {
+      // mkdir's "File exists" for a dangling link would send the user looking for a file.
+      std::string why = dangling_symlink(I.user.entries());
+      if (why.empty()) why = dangling_symlink(I.user.staging());
+      if (why.empty()) why = ec ? ec.message() : err;
       log().warn("smla-cache: cannot write cache directory {} ({}); using it read-only if it "
                  "exists, keeping new kernels in memory. Set SMLA_CACHE_DIR to a writable path.",
-                 s_.dir, ec ? ec.message() : err);
+                 s_.dir, why);
     }
   }
   readable_ = fs::is_directory(I.user.entries(), ec);
@@ -272,7 +274,12 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
                               &added, &err);
     if (published && !lost && s_.max_bytes > 0) I.bound_size(s_.max_bytes, name, added);
   }
+  std::string not_stored;
   if (!published) {
+    not_stored = writable_ ? err
+                 : s_.disable ? "the disk cache is disabled"
+                 : s_.readonly ? "the cache is read-only (SMLA_CACHE_READONLY)"
+                               : "the cache directory is not writable";
     if (writable_) {
       ++I.publish_failures;
       // Warn once: a full disk would otherwise log on every kernel. A stuck bad entry has had
@@ -286,7 +293,7 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
     std::lock_guard<std::mutex> g(I.mu);
     I.memory[k.digest] = c.binary;
   }
-  return {std::move(c.binary), Origin::Compiled};
+  return {std::move(c.binary), Origin::Compiled, std::move(not_stored)};
 }
 
 // ---- maintenance (smla-cache) ----

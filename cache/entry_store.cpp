@@ -172,6 +172,41 @@ std::string make_staging(const Root& r, const char* kind, std::string* err) {
   return p;
 }
 
+bool probe_publish(const Root& r, std::string* err) {
+  std::string probe = make_staging(r, "probe", err);
+  if (probe.empty()) return false;
+  // A dot name: scans of entries/ skip it, should we die before the rmdir.
+  std::string in = r.entries() + "/." + fs::path(probe).filename().string();
+  if (::rename(probe.c_str(), in.c_str()) == 0) {
+    ::rmdir(in.c_str());
+    return true;
+  }
+  int e = errno;
+  ::rmdir(probe.c_str());
+  if (e == EXDEV) {
+    std::error_code ec;
+    *err = "entries/ (" + fs::canonical(r.entries(), ec).string() + ") and .staging/ (" +
+           fs::canonical(r.staging(), ec).string() +
+           ") are on different filesystems: no entry can be renamed into place (" + errno_text(e) +
+           "); link the whole cache directory elsewhere, not entries/";
+  } else {
+    *err = "cannot rename " + probe + " into " + r.entries() + ": " + errno_text(e);
+  }
+  return false;
+}
+
+std::string dangling_symlink(const std::string& path) {
+  for (fs::path p(path); !p.empty(); p = p.parent_path()) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && ::stat(p.c_str(), &st) != 0) {
+      std::error_code ec;
+      return p.string() + " is a dangling symlink to " + fs::read_symlink(p, ec).string();
+    }
+    if (p == p.root_path()) break;
+  }
+  return "";
+}
+
 bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   std::string from = r.entry(name);
   std::string to = r.staging() + "/trash." + host_name() + "." + std::to_string(getpid()) + "." +

@@ -57,6 +57,13 @@ struct Root {
 
 /// A fresh directory .staging/<kind>.<host>.<pid>.<rand>; empty string (and *err) on failure.
 std::string make_staging(const Root& r, const char* kind, std::string* err);
+/// The writability probe: a fresh staging dir renamed into entries/ and removed, as a publish
+/// does. False and *err when that fails: e.g. entries/ linked to another filesystem than .staging/
+/// (EXDEV), where every publish would fail.
+bool probe_publish(const Root& r, std::string* err);
+/// "<path> is a dangling symlink to <target>" for the first such path among `path` and its
+/// parents, else "".
+std::string dangling_symlink(const std::string& path);
 /// Removes an entry so that nobody sees it half-deleted: rename into .staging, then delete.
 /// True when it is gone (or was already); false and *err when it could not be removed (e.g.
 /// another user's entry that is not writable by us).

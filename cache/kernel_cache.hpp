@@ -77,6 +77,9 @@ const char* origin_name(Origin o);
 struct Fetched {
   std::vector<uint8_t> binary;
   Origin origin = Origin::Compiled;
+  /// Origin::Compiled only: why the binary was kept in memory instead of written to the cache
+  /// directory (full disk, unwritable...); empty when it was written.
+  std::string not_stored;
 };
 
 struct Stats {

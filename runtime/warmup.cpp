@@ -64,15 +64,6 @@ std::string describe(const Problem& p) {
   return s.str();
 }
 
-// "gfx90a" -> the full target id the device reports ("gfx90a:sramecc+:xnack-"), which is what
-// plan() keys with; a full id is kept as given.
-std::string full_hip_target(const std::string& t) {
-  if (t.find(':') != std::string::npos) return t;
-  for (const std::string& k : hip::hip_known_targets())
-    if (hip::hip_target_processor(k) == t) return k;
-  return t;
-}
-
 struct Job {
   size_t item;
   const RtcCompiler* rtc;
@@ -125,6 +116,15 @@ std::string target_family(const std::string& t) {
   return "";
 }
 
+std::vector<std::string> warm_targets(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& t : given) {
+    for (const std::string& id : target_family(t) == "hip" ? hip::hip_target_ids(t) : std::vector<std::string>{t})
+      if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  }
+  return out;
+}
+
 WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
                           const WarmupOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -142,13 +142,12 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   // ---- plan: every (target, problem) -> steps -> keyed translation units, deduplicated
   std::vector<Job> jobs;
   std::map<std::string, size_t> by_entry;
-  for (const std::string& given : targets) {
-    const std::string family = target_family(given);
+  for (const std::string& target : warm_targets(targets)) {
+    const std::string family = target_family(target);
     if (family.empty()) {
-      res.errors.push_back("unknown target '" + given + "': expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
+      res.errors.push_back("unknown target '" + target + "': expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
       continue;
     }
-    const std::string target = family == "hip" ? full_hip_target(given) : given;
     const RtcCompiler* rtc = family == "cuda" ? static_cast<const RtcCompiler*>(&nvrtc) : &hiprtc;
     const KernelsOf kernels = kernels_of(family);
     std::string why;
@@ -256,7 +255,17 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
           return {std::move(out[0].result.binary), std::move(out[0].result.log)};
         };
         const cache::Fetched f = disk.get_or_compile(j.fields, compile);
-        r.state = f.origin == cache::Origin::Compiled ? WarmupItem::State::Compiled : WarmupItem::State::Cached;
+        // Only what is in the directory counts: a kernel compiled but not written is a failure,
+        // counted once, saying why.
+        if (f.origin == cache::Origin::Disk) {
+          r.state = WarmupItem::State::Cached;
+        } else if (f.origin == cache::Origin::Compiled && f.not_stored.empty()) {
+          r.state = WarmupItem::State::Compiled;
+        } else {
+          r.state = WarmupItem::State::Failed;
+          r.error = "compiled but not written to " + opts.out_dir + ": " +
+                    (f.not_stored.empty() ? "an earlier publish of it failed" : f.not_stored);
+        }
       } catch (const std::exception& e) {
         r.state = WarmupItem::State::Failed;
         r.error = first_line(e);
@@ -276,12 +285,6 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   std::vector<std::thread> pool;
   for (size_t i = 0; i < n; ++i) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
-
-  // A compile whose publish failed (disk full...) left nothing in the directory: a failure here.
-  if (const int64_t lost = disk.stats().publish_failures; lost > 0) {
-    res.errors.push_back(std::to_string(lost) + " compiled kernel(s) could not be written to " + opts.out_dir);
-    res.failed += int(lost);
-  }
   return finish();
 }
 

@@ -25,11 +25,13 @@ struct WarmupItem {
   std::string entry;   ///< cache entry name "<stem>-<tag>-<digest>" ("" when it failed before keying)
   std::vector<std::string> entries;  ///< kernel entry points launched from this translation unit
   State state = State::Planned;
-  std::string error;   ///< first line of the error (Failed)
+  std::string error;   ///< first line of the error (Failed), e.g. "compiled but not written to DIR: why"
   double seconds = 0;  ///< compile time (Compiled)
 };
 
 struct WarmupResult {
+  /// Each item counts once: compiled (and written), cached (already there) or failed (including
+  /// compiled but not written); `failed` also counts `errors`.
   int compiled = 0, cached = 0, failed = 0;
   double seconds = 0;
   std::vector<WarmupItem> items;    ///< one per distinct translation unit and target
@@ -58,10 +60,16 @@ std::vector<std::string> present_targets(std::string* why);
 /// Family of a target id: "cuda" for sm_*, "hip" for gfx*, "" otherwise.
 std::string target_family(const std::string& target);
 
+/// The full target ids warm_kernels compiles for: AMD names completed as the devices report them
+/// (plan() keys with that), a plain "gfx90a" as both its xnack- and xnack+ ids (HSA_XNACK=1 on the
+/// same GPU gives xnack+): see hip::hip_target_ids. Others as given, duplicates dropped.
+std::vector<std::string> warm_targets(const std::vector<std::string>& given);
+
 /// Compiles (or, dry run, lists) every distinct translation unit the planner would launch for
-/// each problem on each target into a DiskCache at opts.out_dir; NVRTC on threads, hipRTC in
-/// worker subprocesses. Failures are counted and described, never thrown; throws smla::Error
-/// only for unusable options (no out_dir, an unwritable out_dir).
+/// each problem on each target (as warm_targets() completes them) into a DiskCache at
+/// opts.out_dir; NVRTC on threads, hipRTC in worker subprocesses. Failures are counted and
+/// described, never thrown; throws smla::Error only for unusable options (no out_dir, an
+/// unwritable out_dir).
 WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
                           const WarmupOptions& opts);
 

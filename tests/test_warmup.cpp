@@ -60,14 +60,15 @@ struct ToolRun {
 
 // Runs smla-warmup (built next to this test, in bin/) with an empty tuning database and a
 // private lock directory, so nothing of the user's environment leaks in.
-ToolRun warmup_tool(const std::string& args, const TempDir& scratch) {
+// `env`: more VAR=VALUE words for the tool's environment.
+ToolRun warmup_tool(const std::string& args, const TempDir& scratch, const std::string& env = "") {
   const fs::path exe = fs::read_symlink("/proc/self/exe").parent_path() / "smla-warmup";
   if (!fs::exists(exe)) {
     ADD_FAILURE() << exe << " is missing: build the smla-warmup target";
     return {};
   }
   const std::string o = scratch.path + "/stdout", e = scratch.path + "/stderr";
-  const std::string cmd = "env SMLA_TUNING_DB=" + scratch.path + "/no-tuning.json SMLA_CACHE_LOCK_DIR=" + scratch.path +
+  const std::string cmd = "env " + env + " SMLA_TUNING_DB=" + scratch.path + "/no-tuning.json SMLA_CACHE_LOCK_DIR=" + scratch.path +
                           "/locks " + exe.string() + " " + args + " >" + o + " 2>" + e;
   const int st = std::system(cmd.c_str());
   ToolRun r;
@@ -114,13 +115,18 @@ std::set<std::string> names(const std::vector<cache::KeyFields>& fs) {
 
 // The CI cycle for one target: dry run lists plan()'s keys; a run on an empty directory compiles
 // them; a second run compiles nothing; the directory as a system cache serves every key.
-void warm_cycle(const std::string& arch, const std::string& full_target, const RtcCompiler& rtc,
+// `full_targets`: what devices of `arch` may report (plan() keys with that).
+void warm_cycle(const std::string& arch, const std::vector<std::string>& full_targets, const RtcCompiler& rtc,
                 const KernelsOf& kernels) {
   TempDir scratch;
   const std::string out = scratch.path + "/aot";
   const std::string args = "--arch " + arch + " --shape 4096,128,5120,512 --sink on -j 2 --json --out " + out;
-  const auto keys = plan_keys(full_target, seed_problem(), rtc, kernels);
-  ASSERT_GE(keys.size(), 5u);
+  std::vector<cache::KeyFields> keys;
+  for (const std::string& t : full_targets) {
+    const auto k = plan_keys(t, seed_problem(), rtc, kernels);
+    ASSERT_GE(k.size(), 5u) << t;
+    keys.insert(keys.end(), k.begin(), k.end());
+  }
 
   const ToolRun dry = warmup_tool(args + " --dry-run", scratch);
   ASSERT_EQ(dry.code, 0) << dry.err;
@@ -168,7 +174,23 @@ TEST(Warmup, Sm90aCompilesThePlansKernelsOnceAndServesThemAsSystemCache) {
   cuda::NvrtcCompiler nvrtc;
   std::string why;
   ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
-  warm_cycle("sm_90a", "sm_90a", nvrtc, cuda_phase_kernels);
+  warm_cycle("sm_90a", {"sm_90a"}, nvrtc, cuda_phase_kernels);
+}
+
+// A device reports its full target id, and HSA_XNACK=1 turns gfx90a:sramecc+:xnack- into
+// ...:xnack+ on the same GPU: a plain "gfx90a" warms both, an explicit feature only its own.
+TEST(Warmup, AmdTargetIdsCoverBothXnackModesUnlessGiven) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(hip::hip_target_ids("gfx90a"), (V{"gfx90a:sramecc+:xnack-", "gfx90a:sramecc+:xnack+"}));
+  EXPECT_EQ(hip::hip_target_ids("gfx942"), (V{"gfx942:sramecc+:xnack-", "gfx942:sramecc+:xnack+"}));
+  EXPECT_EQ(hip::hip_target_ids("gfx90a:xnack+"), V{"gfx90a:sramecc+:xnack+"});
+  EXPECT_EQ(hip::hip_target_ids("gfx950:xnack-"), V{"gfx950:sramecc+:xnack-"});
+  EXPECT_EQ(hip::hip_target_ids("gfx90a:sramecc-"), (V{"gfx90a:sramecc-:xnack-", "gfx90a:sramecc-:xnack+"}));
+  EXPECT_EQ(hip::hip_target_ids("gfx90a:sramecc+:xnack+"), V{"gfx90a:sramecc+:xnack+"});
+  EXPECT_EQ(hip::hip_target_ids("gfx90a:foo+"), V{"gfx90a:foo+"}) << "unknown feature: left to hipRTC";
+  EXPECT_EQ(hip::hip_target_ids("gfx1100"), V{"gfx1100"});
+  EXPECT_EQ(warm_targets({"sm_90a", "gfx90a", "gfx90a:xnack+"}),
+            (V{"sm_90a", "gfx90a:sramecc+:xnack-", "gfx90a:sramecc+:xnack+"}));
 }
 
 #if HAVE_HIP_KERNELS
@@ -176,9 +198,10 @@ TEST(Warmup, Gfx90aCompilesThePlansKernelsOnceAndServesThemAsSystemCache) {
   hip::HipRtcCompiler hiprtc;
   std::string why;
   if (!hiprtc.available(&why)) GTEST_SKIP() << "hipRTC cannot be loaded here: " << why;
-  const std::string target = "gfx90a:sramecc+:xnack-";
-  if (!hip::hip_target_known(target, &why)) GTEST_SKIP() << "this hipRTC does not compile gfx90a: " << why;
-  warm_cycle("gfx90a", target, hiprtc, [](Phase ph, const ShapeInfo& s) {
+  const std::vector<std::string> targets = {"gfx90a:sramecc+:xnack-", "gfx90a:sramecc+:xnack+"};
+  for (const auto& t : targets)
+    if (!hip::hip_target_known(t, &why)) GTEST_SKIP() << "this hipRTC does not compile " << t << ": " << why;
+  warm_cycle("gfx90a", targets, hiprtc, [](Phase ph, const ShapeInfo& s) {
     using namespace hip;
     return hip_phase_kernels(ph, s);
   });
@@ -443,6 +466,49 @@ TEST(WarmupTool, KernelSourceDirFromTheEnvironmentAsPlanReadsIt) {
       EXPECT_NE(from_env[kernel], key) << "warm-up did not read dq from SMLA_KERNEL_SRC_DIR";
     else
       EXPECT_EQ(from_env[kernel], key) << kernel;
+}
+
+// A kernel compiled but not written (a full disk, by the cache's test hook) is one failure: its
+// line says so and why, the summary counts it once (it was counted as compiled and then again as
+// failed) and names it.
+TEST(WarmupTool, KernelNotWrittenIsOneFailureNamed) {
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
+  TempDir scratch;
+  const std::string out = scratch.path + "/aot";
+  const std::string args = "--arch sm_90a --shape 4096,128,5120,512 --sink on -j 2 --out " + out;
+  const ToolRun dry = warmup_tool(args + " --dry-run --json", scratch);
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  const auto jd = json_of(dry);
+  std::set<std::string> kernels;
+  for (const auto& k : jd["kernels"]) kernels.insert(k["kernel"].get<std::string>());
+  const size_t n = jd["kernels"].size();
+  ASSERT_GE(n, 2u);
+
+  const ToolRun r = warmup_tool(args, scratch, "SMLA_CACHE_TEST_FAIL_WRITES=1");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const std::string total = "/" + std::to_string(n) + "] ";
+  size_t lines = 0;
+  std::istringstream err(r.err);
+  for (std::string line; std::getline(err, line);) {
+    if (line.find(total) == std::string::npos) continue;
+    ++lines;
+    EXPECT_NE(line.find("FAILED"), std::string::npos) << line;
+    EXPECT_NE(line.find("compiled but not written to " + out), std::string::npos) << line;
+    EXPECT_NE(line.find("No space left on device"), std::string::npos) << "no reason: " << line;
+  }
+  EXPECT_EQ(lines, n) << r.err;
+  EXPECT_NE(r.out.find("compiled 0, already cached 0, failed " + std::to_string(n) + " "), std::string::npos)
+      << "each kernel counted once: " << r.out;
+  std::set<std::string> named;
+  std::istringstream o(r.out);
+  for (std::string line; std::getline(o, line);)
+    if (line.rfind("failed: ", 0) == 0) {
+      named.insert(line.substr(8, line.find(' ', 8) - 8));
+      EXPECT_NE(line.find("compiled but not written"), std::string::npos) << line;
+    }
+  EXPECT_EQ(named, kernels) << r.out;
 }
 
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {

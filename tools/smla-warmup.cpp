@@ -38,6 +38,15 @@ const char* state_name(smla::WarmupItem::State s) {
   return "?";
 }
 
+// What happened to an item, for its progress line (the JSON keeps state_name).
+const char* outcome(smla::WarmupItem::State s) {
+  switch (s) {
+    case smla::WarmupItem::State::Compiled: return "compiled and cached";
+    case smla::WarmupItem::State::Cached: return "already cached";
+    default: return state_name(s);
+  }
+}
+
 std::vector<smla::Problem> gather_problems(const Options& o) {
   std::vector<smla::Problem> out = smla::collect_problems(o.shapes, o.sink, o.json_file, o.check_indices);
   if (out.empty())
@@ -57,6 +66,7 @@ int run(const Options& o) {
                         "no GPU here to take the targets from (" + why +
                             "): name them with --arch, e.g. --arch sm_90a,gfx950");
   }
+  targets = smla::warm_targets(targets);  // as compiled: "gfx90a" -> its xnack- and xnack+ ids
   w.out_dir = o.out.empty() ? smla::cache::settings_from_env().dir : o.out;
   w.jobs = o.jobs;
   w.dry_run = o.dry_run;
@@ -70,7 +80,7 @@ int run(const Options& o) {
                    std::string(width - fill, '.').c_str(), done, total, state_name(it.state), it.kernel.c_str());
       if (done == total) std::fprintf(stderr, "\n");
     } else {
-      std::fprintf(stderr, "[%zu/%zu] %s %s [%s] for %s (%.2f s)%s%s\n", done, total, state_name(it.state),
+      std::fprintf(stderr, "[%zu/%zu] %s %s [%s] for %s (%.2f s)%s%s\n", done, total, outcome(it.state),
                    it.kernel.c_str(), it.tag.c_str(), it.target.c_str(), it.seconds, it.error.empty() ? "" : ": ",
                    it.error.c_str());
     }
@@ -132,11 +142,15 @@ int main(int argc, char** argv) {
       "  \"check_indices\": false, \"dkv_fp32\": false}, ...] (sink defaults to false there).\n"
       "A new T reuses every kernel (no T is compiled in); only a tuned config (smla-tune) can differ\n"
       "between T buckets (powers of two), and warm-up applies tuned configs as plan() does.\n"
+      "AMD targets: the runtime looks kernels up by the device's full target id, which HSA_XNACK=1 turns\n"
+      "from gfx90a:sramecc+:xnack- into gfx90a:sramecc+:xnack+; so a plain gfx90a (gfx942, gfx950) warms\n"
+      "both, and gfx90a:xnack- (or xnack+) warms only that one.\n"
       "Exit status: 0 when nothing failed, 1 when a kernel or problem failed, 2 on usage errors.");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)");
-  app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present)")
+  app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present); a plain gfx* "
+                 "warms its xnack- and xnack+ ids, gfx90a:xnack+ only that one")
       ->delimiter(',');
   app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)");
   app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR or ~/.cache/smla)");

@@ -114,6 +114,50 @@ std::string hip_target_processor(const std::string& target_id) {
   return target_id.substr(0, target_id.find(':'));
 }
 
+std::vector<std::string> hip_target_ids(const std::string& given) {
+  const std::string proc = hip_target_processor(given);
+  std::string known;
+  for (const std::string& k : hip_known_targets())
+    if (hip_target_processor(k) == proc) known = k;
+  if (known.empty()) return {given};  // not one of ours: hipRTC's probe judges it as given
+  // (name, '+' or '-') in the known id's order, which is LLVM's canonical one.
+  using Features = std::vector<std::pair<std::string, char>>;
+  auto features = [](const std::string& id, Features* f) {
+    for (size_t b = id.find(':'); b != std::string::npos;) {
+      const size_t e = id.find(':', b + 1);
+      const std::string s = id.substr(b + 1, e == std::string::npos ? e : e - b - 1);
+      if (s.size() < 2 || (s.back() != '+' && s.back() != '-')) return false;
+      f->emplace_back(s.substr(0, s.size() - 1), s.back());
+      b = e;
+    }
+    return true;
+  };
+  Features f, g;
+  if (!features(known, &f) || !features(given, &g)) return {given};
+  bool xnack_given = false;
+  for (const auto& [name, sign] : g) {
+    auto it = std::find_if(f.begin(), f.end(), [&](const auto& x) { return x.first == name; });
+    if (it == f.end()) return {given};
+    it->second = sign;
+    xnack_given |= name == "xnack";
+  }
+  auto id = [&] {
+    std::string s = proc;
+    for (const auto& [name, sign] : f) s += ":" + name + sign;
+    return s;
+  };
+  std::vector<std::string> out = {id()};
+  // HSA_XNACK=1 makes the same GPU report xnack+ (a per-process switch, so one machine sees
+  // both); a plain "gfx90a" is meant to cover it. sramecc is a board setting: kept as known.
+  if (!xnack_given)
+    for (auto& [name, sign] : f)
+      if (name == "xnack") {
+        sign = sign == '-' ? '+' : '-';
+        out.push_back(id());
+      }
+  return out;
+}
+
 bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
   ProbeCache& c = probes();
   {

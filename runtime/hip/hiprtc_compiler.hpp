@@ -20,6 +20,11 @@ std::vector<std::string> hip_known_targets();
 std::string hip_default_target();
 /// "gfx942:sramecc+:xnack-" -> "gfx942".
 std::string hip_target_processor(const std::string& target_id);
+/// The full target ids a device of `given` may report, for warming what plan() will look up
+/// (it keys with gcnArchName). A processor ("gfx90a") or partial id ("gfx90a:xnack+") of a known
+/// target is completed from hip_known_targets(); without an explicit xnack, both xnack- and
+/// xnack+ are returned. Anything else (another processor, an unknown feature) is returned as given.
+std::vector<std::string> hip_target_ids(const std::string& given);
 
 /// Path of the smla-hiprtc-worker executable: `hint` if given, else next to the running
 /// executable, next to the library holding smla (or its ../bin), else the build tree's bin/.

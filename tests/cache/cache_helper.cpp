@@ -2,7 +2,8 @@
 // (as the runtime does) and fetches `count` fake kernels.
 //   cache_helper COUNT COMPILE_MS COMPILE_LOG [GO_FILE] [MARKER_FILE]
 // Each compile appends "<kernel>\n" to COMPILE_LOG (O_APPEND: one write, so lines never mix) and
-// touches MARKER_FILE first; with GO_FILE the helper waits for it so all ranks start together.
+// touches MARKER_FILE first; with GO_FILE the helper appends one byte to GO_FILE.ready, then
+// waits for GO_FILE, so that the test can release all ranks together once all are waiting.
 // Prints "compiles=N disk=M publish_failures=P"; exits 3 if a binary is not the expected one.
 #include <fcntl.h>
 #include <unistd.h>
@@ -24,8 +25,14 @@ int main(int argc, char** argv) {
   std::string log_file = argv[3];
   std::string go = argc > 4 ? argv[4] : "";
   std::string marker = argc > 5 ? argv[5] : "";
-  if (!go.empty() && go != "-")
+  if (!go.empty() && go != "-") {
+    int fd = ::open((go + ".ready").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      (void)!::write(fd, "r", 1);
+      ::close(fd);
+    }
     test::wait_until([&] { return ::access(go.c_str(), F_OK) == 0; }, 30);
+  }
 
   DiskCache cache(settings_from_env());
   for (int i = 0; i < count; ++i) {

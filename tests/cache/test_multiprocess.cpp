@@ -43,7 +43,10 @@ static void run_eight(Ranks& r, const std::vector<std::string>& extra) {
   std::vector<pid_t> pids;
   for (int i = 0; i < 8; ++i)
     pids.push_back(r.start(3, 150, extra, go, "", r.t / ("out" + std::to_string(i))));
-  std::ofstream(go) << "go";  // release them together
+  // Release them together once all are waiting (process start-up on a loaded machine can take
+  // longer than a compile, which would let late ranks find every kernel on disk).
+  EXPECT_TRUE(wait_until([&] { return slurp(go + ".ready").size() == 8; }, 30)) << "ranks not ready";
+  std::ofstream(go) << "go";
   for (pid_t p : pids) EXPECT_EQ(wait_exit(p), 0);
   for (int i = 0; i < 8; ++i) {
     std::string out = slurp(r.t / ("out" + std::to_string(i)));
@@ -63,13 +66,18 @@ TEST(MultiProcess, EightRanksWithLockCompileEachKernelOnce) {
 }
 
 // Without the lock every rank may compile, and all but one lose the publish race: that must be
-// a success for each of them, with every entry intact.
+// a success for each of them (exit 0: its own binary; no publish failure, no warning), with
+// every entry published once and intact.
 TEST(MultiProcess, EightRanksWithoutLockAllSucceed) {
   Ranks r;
   run_eight(r, {"SMLA_CACHE_LOCK=0"});
   auto m = r.compiles();
   EXPECT_EQ(m.size(), 3u);
-  for (auto& [k, n] : m) EXPECT_GE(n, 1);
+  // The race happened: ranks released together within milliseconds all miss k0 during its
+  // 150 ms compile (with the lock, the total is exactly 3).
+  int total = 0;
+  for (auto& [k, n] : m) total += n;
+  EXPECT_GT(total, 3) << "no two ranks compiled the same kernel: the lost-race path was not exercised";
   r.expect_all_verify(3);
   EXPECT_EQ(count_dir(r.t / "cache/.staging"), 0u);
 }

@@ -1,7 +1,6 @@
 // A cache shared by the members of one group (umask 002, setgid directory): what one member
 // publishes, another can replace when it is bad, evict and refresh.
 #include <gtest/gtest.h>
-#include <grp.h>
 #include <sys/stat.h>
 
 #include "test_util.hpp"
@@ -28,33 +27,6 @@ TEST(SharedCache, Umask002MakesEntriesGroupWritable) {
     ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
     EXPECT_TRUE(st.st_mode & S_IWGRP) << p << " mode " << std::oct << (st.st_mode & 07777);
   }
-}
-
-// Runs `fn` in a child process as uid/gid (a member of only that group, umask 002); returns
-// what it reports ("" = all well).
-static std::string run_as(uid_t uid, gid_t gid, const std::function<std::string()>& fn) {
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string r;
-    if (::setgroups(1, &gid) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0)
-      r = "cannot become " + std::to_string(uid) + ":" + std::to_string(gid);
-    else {
-      ::umask(002);
-      r = fn();
-    }
-    (void)!::write(fds[1], r.data(), r.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
-  ::close(fds[0]);
-  int rc = wait_exit(pid);
-  return rc == 0 ? out : out + " (child exit " + std::to_string(rc) + ")";
 }
 
 // Two users of one group on one cache: the second replaces the first's bad entry, refreshes

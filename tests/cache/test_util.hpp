@@ -2,8 +2,10 @@
 // No GPU: "binaries" are deterministic byte strings derived from the key fields.
 #pragma once
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,6 +166,36 @@ inline int wait_exit(pid_t pid) {
   int st = 0;
   if (::waitpid(pid, &st, 0) != pid) return -1;
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Runs `fn` in a child process as uid/gid (a member of only that group, umask 002); returns
+/// what it reports ("" = all well). Needs root. gtest failures inside `fn` are not seen by the
+/// parent: `fn` must report them in its result.
+inline std::string run_as(uid_t uid, gid_t gid, const std::function<std::string()>& fn) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::fflush(nullptr);  // else the child would write the parent's buffered output again
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string r;
+    if (::setgroups(1, &gid) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0)
+      r = "cannot become " + std::to_string(uid) + ":" + std::to_string(gid);
+    else {
+      ::umask(002);
+      r = fn();
+    }
+    (void)!::write(fds[1], r.data(), r.size());
+    std::fflush(nullptr);  // _exit skips it: keep what the child printed
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  ::close(fds[0]);
+  int rc = wait_exit(pid);
+  return rc == 0 ? out : out + " (child exit " + std::to_string(rc) + ")";
 }
 
 /// Runs a shell command, returns (exit code, stdout+stderr).
