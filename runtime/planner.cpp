@@ -83,6 +83,17 @@ void validate_config(const TileConfig& c) {
     if (f.second < 0) bad_cfg(f.first, f.second, "0 (the planner's choice) or a positive size");
 }
 
+void check_chunk_count(const ShapeInfo& s) {
+  const int64_t pairs = int64_t(s.t_chunks) * s.n_chunks;
+  if (pairs > kMaxChunkPairs)
+    SMLA_THROW(Status::InvalidArgument,
+               std::to_string(s.t_chunks) + " token chunks (t_chunk " + std::to_string(s.t_chunk) + ") x " +
+                   std::to_string(s.n_chunks) + " top-k chunks (r_chunk " + std::to_string(s.r_chunk) + ") = " +
+                   std::to_string(pairs) + " chunk pairs, ~4 launches each: expected at most " +
+                   std::to_string(kMaxChunkPairs) +
+                   " (a larger Problem::t_chunk or r_chunk, or SMLA_INTERM_BUDGET_BYTES if the planner chose t_chunk)");
+}
+
 int64_t default_t_chunk(int64_t T, int64_t r_chunk, size_t interm_budget_bytes) {
   const double per_token = double(r_chunk) * 512.0 * 2.0;
   const int64_t fit = std::max<int64_t>(1, int64_t(double(interm_budget_bytes) / per_token));

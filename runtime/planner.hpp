@@ -15,6 +15,11 @@ void validate_problem(const Problem& p);
 /// The ranges every backend checks in an explicit TileConfig (the GPU backends then check the tiles against their
 /// kernels; the CPU backend has no tiles and ignores them): impls within 0..kMax, tile sizes and r_chunk >= 0.
 void validate_config(const TileConfig& c);
+/// The most (token chunk, top-k chunk) pairs a plan may have: each is ~4 launches and ~1.2 KB of plan, so a tiny
+/// t_chunk and r_chunk over a large problem (8M launches, 2.6 GB of plan, measured) is refused by name instead.
+constexpr int64_t kMaxChunkPairs = int64_t(1) << 16;
+/// Throws InvalidArgument naming t_chunk and r_chunk when s has more than kMaxChunkPairs chunk pairs.
+void check_chunk_count(const ShapeInfo& s);
 
 /// Tokens a chunk: T where the interm buffer (T x r_chunk x 512 bf16) fits `interm_budget_bytes`, else the size of
 /// the fewest equal chunks that fit (1 at least).

@@ -208,6 +208,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->owner_ = impl_;  // the backend (its contexts, modules) lives as long as the last plan, not the Runtime
   plan->backend_ = be;
   plan->shape_ = choose_shape(p, runtime_env().interm_budget);
+  check_chunk_count(plan->shape_);
   apply_config(plan->shape_, cfg, target);
   if (kind == BackendKind::Cuda) {
     std::string not_ok;

@@ -65,6 +65,32 @@ TEST(Planner, ValidatesEveryField) {
   }
 }
 
+// A tiny t_chunk and r_chunk over a large problem made millions of launches (2.6 GB of plan, or bad_alloc): refused
+// by name, while the largest default-chunked problems stay well under the cap.
+TEST(Planner, ChunkPairsAreCapped) {
+  Problem p = seed_problem();
+  p.T = 65536, p.topk = 512, p.r_chunk = 16, p.t_chunk = 1;
+  validate_problem(p);
+  try {
+    check_chunk_count(choose_shape(p, size_t(4) << 30));
+    ADD_FAILURE() << "65536 x 32 chunk pairs accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("t_chunk 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("r_chunk 16"), std::string::npos) << e.what();
+  }
+  Runtime rt;
+  p.backend = BackendKind::Cpu;
+  EXPECT_THROW(rt.plan(p), Error);
+  // The largest T at topk 8192 under the default budget, planner's chunks: far under the cap.
+  p = seed_problem();
+  p.topk = 8192, p.T = (int64_t(1) << 31) / 8192 - 1;
+  const ShapeInfo s = choose_shape(p, size_t(4) << 30);
+  EXPECT_NO_THROW(check_chunk_count(s)) << s.t_chunks << " x " << s.n_chunks;
+  p.t_chunk = 64, p.r_chunk = 16;  // 4096 x 512 pairs
+  EXPECT_THROW(check_chunk_count(choose_shape(p, size_t(4) << 30)), Error);
+}
+
 // An explicit TileConfig is range-checked on every backend (the CPU backend, which has no tiles, accepted any).
 TEST(Planner, ExplicitConfigsAreRangeCheckedEverywhere) {
   EXPECT_NO_THROW(validate_config(TileConfig{}));

@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 
+#include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "tools/case_runner.hpp"
 #include "tools/inputs_file.hpp"
@@ -344,8 +345,10 @@ int main(int argc, char** argv) {
   app.add_option("--gemm-n", o.gemm_n, "size n of the n x n x n GEMM of --breakdown")
       ->check(CLI::Range(16, 32768));
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
-  app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)");
-  app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)");
+  app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--seed", o.seed, "random seed of the inputs");
   app.add_option("--inputs-dir", o.inputs_dir,
                  "keep the random inputs (and their float64 forward) in this directory and read them back in later "
@@ -365,7 +368,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_flag("--backends", o.backends,
                "print each backend's status (devices, target, compiler identity as in the cache keys) and exit");
-  CLI11_PARSE(app, argc, argv);
+  SMLA_TOOL_PARSE(app, argc, argv);
   if (o.backends) return smla::tools::run_tool("smla-bench", print_backends);
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }

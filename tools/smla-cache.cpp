@@ -1,13 +1,16 @@
 // smla-cache: inspect and maintain the kernel cache (the same directory and knobs as the runtime).
 //   smla-cache [--dir DIR] list | verify | prune --max-bytes N | clear | export FILE | import FILE
-// Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors).
+// Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors), 2 when it could not
+// run (a usage error, a --dir that is not a directory, a bundle that is not there).
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "kernel_cache.hpp"
+#include "cli_parse.hpp"  // beside this file
 
 namespace sc = smla::cache;
 
@@ -52,8 +55,27 @@ int main(int argc, char** argv) {
   std::string file;
   exp->add_option("FILE", file, "bundle to write")->required();
   imp->add_option("FILE", file, "bundle to read")->required();
-  CLI11_PARSE(app, argc, argv);
+  SMLA_TOOL_PARSE(app, argc, argv);
 
+  // A --dir that is not a directory, or an explicit one that is not there, is a mistake to say, not "0 entries" (the
+  // default directory may well not exist yet: that is an empty cache).
+  {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(s.dir, ec);
+    if (exists && !std::filesystem::is_directory(s.dir, ec)) {
+      fmt::print(stderr, "error: cache directory '{}' is not a directory\n", s.dir);
+      return 2;
+    }
+    if (!exists && app.count("--dir") && !imp->parsed()) {
+      fmt::print(stderr, "error: cache directory '{}' does not exist\n", s.dir);
+      return 2;
+    }
+    if (imp->parsed() && !std::filesystem::is_regular_file(file, ec)) {
+      fmt::print(stderr, "error: bundle '{}': {}\n", file,
+                 std::filesystem::exists(file, ec) ? "not a regular file" : "no such file");
+      return 2;
+    }
+  }
   // Maintenance acts on the user cache as it is: no system layer, no LRU side effects on open.
   s.disable = false;
   s.system_dir.clear();

@@ -23,9 +23,11 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/cuda/cuda_api.hpp"
+#include "runtime/planner.hpp"
 #include "runtime/seqpar.hpp"
 #include "tools/case_runner.hpp"
 
@@ -333,6 +335,10 @@ int run(const Options& o) {
   whole.has_sink = !o.no_sink;
   whole.r_chunk = o.r_chunk;
   whole.t_chunk = o.t_chunk;
+  // Every rank's problem checked before the inputs are made (their float64 forward is most of a large shape's time,
+  // and a bad field would otherwise surface as an allocation error naming none).
+  validate_problem(whole);
+  for (int r = 0; r < o.ranks; ++r) validate_problem(seqpar::rank_problem(whole, seqpar::split(whole.T, r, o.ranks)));
   const ref::Inputs in = ref::make_inputs(int(whole.T), int(whole.H), int(whole.num_kv), int(whole.topk),
                                           whole.has_sink, o.seed,
                                           o.uniform ? ref::TopkKind::Uniform : ref::TopkKind::Benchmark);
@@ -402,6 +408,6 @@ int main(int argc, char** argv) {
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_flag("--check", o.check, "compare with one rank and the float64 reference; exit 1 when off the bar");
   app.add_option("--seed", o.seed, "random seed of the inputs");
-  CLI11_PARSE(app, argc, argv);
+  SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-seqpar", [&] { return run(o); });
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
 #include "runtime/warmup.hpp"
@@ -161,6 +162,6 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
   app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
   app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB or ~/.cache/smla/tuning.json)");
-  CLI11_PARSE(app, argc, argv);
+  SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
 }
