@@ -189,7 +189,9 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     if (auto t = impl_->tuning.lookup(target, p)) {
       std::string no;
       const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
-      if (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no)) {
+      const bool few_chunks = int64_t(ts.t_chunks) * ts.n_chunks <= kMaxChunkPairs;  // a tuned r_chunk at a larger T
+      if (!few_chunks) no = "its r_chunk makes more than " + std::to_string(kMaxChunkPairs) + " chunk pairs here";
+      if (few_chunks && (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no))) {
         tuned = *t;
         cfg = &tuned;
         from_db = true;

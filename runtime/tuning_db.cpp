@@ -9,15 +9,18 @@
 
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "check.hpp"
+#include "env.hpp"
 #include "log.hpp"
 #include "planner.hpp"
 #include "sources.hpp"
@@ -43,6 +46,11 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 void make_dirs(const std::string& dir) {
   std::string cur;
   std::stringstream ss(dir);
@@ -50,73 +58,176 @@ void make_dirs(const std::string& dir) {
   for (std::string part; std::getline(ss, part, '/');) {
     if (part.empty()) continue;
     cur += part + "/";
-    ::mkdir(cur.c_str(), 0755);  // EEXIST is fine; a real failure shows when the file is opened
+    // 0777: the umask decides (as the kernel cache does), so under umask 002 a group's directory stays writable by
+    // the group. EEXIST is fine; a real failure shows when the directory is resolved.
+    ::mkdir(cur.c_str(), 0777);
   }
 }
 
-// Identity of the file content as the filesystem sees it: a rename gives a new inode, a rewrite
-// in place a new size or mtime. "absent" when there is no file.
+std::string real_path(const std::string& path) {
+  char* r = ::realpath(path.c_str(), nullptr);
+  if (!r) return {};
+  std::string s(r);
+  std::free(r);
+  return s;
+}
+
+// The file a store replaces: `path` with every symlink resolved, so that rename() replaces the link's target, not
+// the link, and writers through different links (~/.cache/smla/tuning.json -> /shared/tuning.json) share one
+// lock file. A link to a file not created yet is followed by hand. Creates the target's missing directories.
+std::string resolve_for_write(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0;; ++hops) {
+    if (std::string r = real_path(p); !r.empty()) return r;
+    char buf[PATH_MAX];
+    const ssize_t n = ::readlink(p.c_str(), buf, sizeof buf);
+    if (n <= 0) break;  // not a link (absent): resolve its directory
+    if (hops == 40)     // Linux's own limit (MAXSYMLINKS)
+      SMLA_THROW(Status::InvalidArgument, "tuning db: " + path + ": too many levels of symbolic links");
+    const std::string target(buf, size_t(n));
+    p = target[0] == '/' ? target : parent_dir(p) + "/" + target;
+  }
+  const std::string dir = parent_dir(p);
+  make_dirs(dir);
+  const std::string rdir = real_path(dir);
+  const int err = errno;
+  if (rdir.empty())
+    SMLA_THROW(Status::InvalidArgument, "tuning db: cannot create directory " + dir + " for " + path + ": " +
+                                            std::strerror(err) + " (set SMLA_TUNING_DB to a writable path)");
+  return (rdir == "/" ? "" : rdir) + "/" + base_name(p);
+}
+
+// Identity of the file content as the filesystem sees it: a rename gives a new inode, a rewrite in place a new size
+// or mtime. "absent" when there is no file; a stat error is an identity too, so it is warned about once.
 std::string file_stamp(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return "absent";
+  if (::stat(path.c_str(), &st) != 0) return errno == ENOENT ? "absent" : "error:" + std::to_string(errno);
   return std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
          std::to_string(st.st_mtim.tv_nsec);
 }
 
-enum class Parsed { Ok, Absent, Corrupt, OtherSchema };
+enum class Parsed { Ok, Absent, Unreadable, Corrupt, OlderSchema, NewerSchema };
 
-// Reads the file into `entries` (a JSON object keyed by tuning_key). `why` explains a non-Ok.
-Parsed read_db(const std::string& path, json* entries, std::string* why) {
-  *entries = json::object();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Parsed::Absent;
-  std::stringstream buf;
-  buf << in.rdbuf();
-  json doc = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    *why = "not a JSON object (truncated or overwritten?)";
-    return Parsed::Corrupt;
+// -1, 0, 1: `s` (an integer) below, at or above kTuningSchema, compared without get<int>(), which truncates
+// (4294967297 would read as 1).
+int schema_order(const json& s) {
+  if (s.is_number_unsigned()) {
+    const uint64_t v = s.get<uint64_t>();
+    return v < uint64_t(kTuningSchema) ? -1 : v > uint64_t(kTuningSchema) ? 1 : 0;
   }
-  if (doc.value("format", std::string()) != kFormat || !doc.contains("schema") || !doc["schema"].is_number_integer() ||
-      !doc.contains("entries") || !doc["entries"].is_object()) {
-    *why = "missing \"format\": \"smla-tuning-db\", \"schema\" or \"entries\"";
-    return Parsed::Corrupt;
-  }
-  if (doc["schema"].get<int>() != kTuningSchema) {
-    *why = "schema " + std::to_string(doc["schema"].get<int>()) + ", this smla reads schema " +
-           std::to_string(kTuningSchema);
-    return Parsed::OtherSchema;
-  }
-  *entries = std::move(doc["entries"]);
-  return Parsed::Ok;
+  const int64_t v = s.get<int64_t>();
+  return v < kTuningSchema ? -1 : v > kTuningSchema ? 1 : 0;
 }
 
-bool entry_from_json(const json& v, TuningEntry* e) {
-  if (!v.is_object() || !v.contains("config") || !v["config"].is_object()) return false;
+// Reads the file into `entries` (a JSON object keyed by tuning_key). `why` explains a non-Ok. Never throws: whatever
+// the file holds, a lookup must fall back to the heuristics.
+Parsed read_db(const std::string& path, json* entries, std::string* why) {
+  *entries = json::object();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return Parsed::Absent;
+    *why = std::string("cannot be read: ") + std::strerror(errno);  // EACCES is not "no database"
+    return Parsed::Unreadable;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {  // open() succeeds on a directory
+    ::close(fd);
+    *why = "is a directory, not a file (set SMLA_TUNING_DB to a file path)";
+    return Parsed::Unreadable;
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = std::string("cannot be read: ") + std::strerror(errno);
+      ::close(fd);
+      return Parsed::Unreadable;
+    }
+    if (n == 0) break;
+    text.append(buf, size_t(n));
+  }
+  ::close(fd);
+  try {
+    json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded() || !doc.is_object()) {
+      *why = "not a JSON object (truncated or overwritten?)";
+      return Parsed::Corrupt;
+    }
+    const auto format = doc.find("format"), schema = doc.find("schema"), ents = doc.find("entries");
+    if (format == doc.end() || !format->is_string() || *format != kFormat || schema == doc.end() ||
+        !schema->is_number_integer() || ents == doc.end() || !ents->is_object()) {
+      *why = "missing \"format\": \"smla-tuning-db\", \"schema\" or \"entries\"";
+      return Parsed::Corrupt;
+    }
+    if (const int order = schema_order(*schema); order != 0) {
+      *why = "schema " + schema->dump() + ", this smla reads schema " + std::to_string(kTuningSchema);
+      return order < 0 ? Parsed::OlderSchema : Parsed::NewerSchema;
+    }
+    *entries = std::move(*ents);
+    return Parsed::Ok;
+  } catch (const json::exception& e) {  // belt and braces: no JSON quirk may escape a lookup
+    *why = e.what();
+    return Parsed::Corrupt;
+  }
+}
+
+// The integer `k` of `o` when it lies in [lo, hi]: checked before any narrowing, since get<int>() truncates
+// (4294967312 would read as 16) and get<int64_t>() wraps an unsigned above INT64_MAX.
+bool int_field(const json& o, const char* k, int64_t lo, int64_t hi, int64_t* out) {
+  const auto it = o.find(k);
+  if (it == o.end() || !it->is_number_integer()) return false;
+  if (it->is_number_unsigned()) {
+    const uint64_t v = it->get<uint64_t>();
+    if (v > uint64_t(hi) || (lo > 0 && v < uint64_t(lo))) return false;
+  } else if (it->get<int64_t>() < lo || it->get<int64_t>() > hi) {
+    return false;
+  }
+  *out = it->get<int64_t>();
+  return true;
+}
+
+// "" when `v` is a well-formed entry (then in `e`), else what is wrong with it. r_chunk against topk is checked at
+// lookup, where the problem is known.
+std::string entry_from_json(const json& v, TuningEntry* e) {
+  if (!v.is_object() || !v.contains("config") || !v["config"].is_object()) return "no \"config\" object";
   const json& c = v["config"];
-  for (const char* k : {"dq_block_h", "dq_block_r", "dkv_block_r", "dkv_block_d", "r_chunk"})
-    if (!c.contains(k) || !c[k].is_number_integer() || c[k].get<int64_t>() < 0) return false;
-  e->config.dq_block_h = c["dq_block_h"].get<int>();
-  e->config.dq_block_r = c["dq_block_r"].get<int>();
-  e->config.dkv_block_r = c["dkv_block_r"].get<int>();
-  e->config.dkv_block_d = c["dkv_block_d"].get<int>();
-  e->config.r_chunk = c["r_chunk"].get<int64_t>();
+  int64_t x = 0;
+  const std::pair<const char*, int*> tiles[] = {{"dq_block_h", &e->config.dq_block_h},
+                                                {"dq_block_r", &e->config.dq_block_r},
+                                                {"dkv_block_r", &e->config.dkv_block_r},
+                                                {"dkv_block_d", &e->config.dkv_block_d}};
+  for (const auto& t : tiles) {
+    if (!int_field(c, t.first, 0, INT_MAX, &x))
+      return std::string(t.first) + " is not an integer in 0.." + std::to_string(INT_MAX);
+    *t.second = int(x);
+  }
+  // The planner's rule for Problem::r_chunk: a bad one here would make plan() throw about a field the user never set.
+  if (!int_field(c, "r_chunk", 0, INT_MAX, &x) || x % 16 != 0)
+    return "r_chunk is not 0 or a multiple of 16";
+  e->config.r_chunk = x;
   // The bodies are optional (entries written before a body existed read as 0, the planner's choice);
   // a value outside 0..max (TileConfig::kMaxDqImpl, kMaxDkvImpl) rejects the entry.
-  auto body = [&c](const char* k, int max, int* dst) {
-    if (!c.contains(k)) return true;
-    if (!c[k].is_number_integer() || c[k].get<int64_t>() < 0 || c[k].get<int64_t>() > max) return false;
-    *dst = c[k].get<int>();
-    return true;
-  };
-  if (!body("dq_impl", TileConfig::kMaxDqImpl, &e->config.dq_impl) ||
-      !body("dkv_impl", TileConfig::kMaxDkvImpl, &e->config.dkv_impl))
-    return false;
-  e->ms = v.value("ms", 0.0);
-  e->heuristic_ms = v.value("heuristic_ms", 0.0);
-  e->T_tuned = v.value("T_tuned", int64_t(0));
-  e->num_kv_tuned = v.value("num_kv_tuned", int64_t(0));
-  return true;
+  const std::tuple<const char*, int, int*> bodies[] = {{"dq_impl", TileConfig::kMaxDqImpl, &e->config.dq_impl},
+                                                       {"dkv_impl", TileConfig::kMaxDkvImpl, &e->config.dkv_impl}};
+  for (const auto& [k, max, dst] : bodies) {
+    if (!c.contains(k)) continue;
+    if (!int_field(c, k, 0, max, &x)) return std::string(k) + " is not an integer in 0.." + std::to_string(max);
+    *dst = int(x);
+  }
+  // The timings are informative; still, a wrong type is a malformed entry (json's value() would throw).
+  for (const auto& [k, dst] : {std::pair<const char*, double*>{"ms", &e->ms}, {"heuristic_ms", &e->heuristic_ms}}) {
+    if (!v.contains(k)) continue;
+    if (!v[k].is_number()) return std::string(k) + " is not a number";
+    *dst = v[k].get<double>();
+  }
+  for (const auto& [k, dst] :
+       {std::pair<const char*, int64_t*>{"T_tuned", &e->T_tuned}, {"num_kv_tuned", &e->num_kv_tuned}}) {
+    if (!v.contains(k)) continue;
+    if (!int_field(v, k, 0, INT64_MAX, dst)) return std::string(k) + " is not a non-negative integer";
+  }
+  return {};
 }
 
 std::string lse_name(const Problem& p) {
@@ -163,9 +274,14 @@ void write_all(int fd, const std::string& data, const std::string& path) {
 // rename, and a lock on a replaced inode would protect nothing).
 class FileLock {
  public:
-  explicit FileLock(const std::string& path) : fd_(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+  explicit FileLock(const std::string& path) {
+    // 0666: the umask decides, so under umask 002 a group's shared database stays lockable by the group.
+    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    const int err = errno;
+    // One another user created without group write (umask 022, an older smla): flock needs only an open fd.
+    if (fd_ < 0 && err == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
-      SMLA_THROW(Status::InvalidArgument, "tuning db: cannot open lock file " + path + ": " + std::strerror(errno) +
+      SMLA_THROW(Status::InvalidArgument, "tuning db: cannot open lock file " + path + ": " + std::strerror(err) +
                                               " (set SMLA_TUNING_DB to a writable path)");
     while (::flock(fd_, LOCK_EX) != 0)
       if (errno != EINTR) SMLA_THROW(Status::Internal, "tuning db: flock " + path + ": " + std::strerror(errno));
@@ -210,6 +326,23 @@ std::string tuning_runtime_version(const KernelSources& sources) {
   return std::string("smla-") + kSmlaVersion + ";kernels=" + hex;
 }
 
+std::string default_tuning_runtime_version(const std::string& kernel_src_dir) {
+  // The sources Runtime::Impl compiles (and warm_kernels warms): a tool that hashed the embedded ones instead would
+  // store entries no plan() finds while SMLA_KERNEL_SRC_DIR is set.
+  return tuning_runtime_version(KernelSources(!kernel_src_dir.empty() ? kernel_src_dir : runtime_env().kernel_src_dir));
+}
+
+std::string tune_heuristic_error(const std::string& config, const std::string& state, const std::string& detail,
+                                 size_t others_timed) {
+  if (state == "timed") return {};
+  const std::string what = state == "wrong"      ? "fails the correctness check"
+                           : state == "rejected" ? "cannot be planned or run"
+                                                 : "was not measured (" + state + ")";
+  // Every untuned plan() runs this config: a wrong one is a defect to report, not a missing tuned config.
+  return "the planner's heuristic config " + config + " " + what + (detail.empty() ? "" : ": " + detail) +
+         "; nothing stored (" + std::to_string(others_timed) + " other candidates passed)";
+}
+
 int64_t pow2_bucket(int64_t v) {
   int64_t b = 1;
   while (b < v) b <<= 1;
@@ -246,7 +379,7 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
 
 TuningDb::TuningDb(std::string path, std::string runtime_version)
     : path_(path.empty() ? default_tuning_db_path() : std::move(path)),
-      version_(runtime_version.empty() ? tuning_runtime_version(KernelSources()) : std::move(runtime_version)) {}
+      version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)) {}
 
 void TuningDb::warn(const std::string& msg) const {
   warnings_.push_back(msg);
@@ -267,19 +400,26 @@ void TuningDb::refresh() const {
   std::string why;
   switch (read_db(path_, &entries, &why)) {
     case Parsed::Absent: return;
+    case Parsed::Unreadable:
+      warn("tuning db " + path_ + " " + why + ": ignored; the planner uses its heuristics");
+      return;
     case Parsed::Corrupt:
       warn("tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the next "
            "smla-tune store rewrites it");
       return;
-    case Parsed::OtherSchema:
+    case Parsed::OlderSchema:
       warn("tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
+      return;
+    case Parsed::NewerSchema:
+      warn("tuning db " + path_ + " has " + why + ": ignored (a newer smla wrote it; this one will not overwrite it)");
       return;
     case Parsed::Ok: break;
   }
   for (auto it = entries.begin(); it != entries.end(); ++it) {
     TuningEntry e;
-    if (entry_from_json(it.value(), &e)) entries_.emplace_back(it.key(), e);
-    else warn("tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored");
+    const std::string bad = entry_from_json(it.value(), &e);
+    if (bad.empty()) entries_.emplace_back(it.key(), e);
+    else warn("tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored (" + bad + ")");
   }
 }
 
@@ -287,8 +427,19 @@ std::optional<TuningEntry> TuningDb::find(const std::string& target, const Probl
   const std::string key = tuning_key(target, p, version_);
   std::lock_guard<std::mutex> lock(mu_);
   refresh();
-  for (const auto& kv : entries_)
-    if (kv.first == key) return kv.second;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->first != key) continue;
+    // The key holds topk, so an r_chunk that does not divide it was never a measured config: the planner would
+    // reject it naming Problem::r_chunk, which the user never set. Dropped until the file changes (one warning).
+    const int64_t rc = it->second.config.r_chunk;
+    if (rc && p.topk % rc != 0) {
+      warn("tuning db " + path_ + ": malformed entry '" + key + "' ignored (r_chunk " + std::to_string(rc) +
+           " does not divide topk " + std::to_string(p.topk) + ")");
+      entries_.erase(it);
+      return std::nullopt;
+    }
+    return it->second;
+  }
   return std::nullopt;
 }
 
@@ -296,25 +447,39 @@ std::optional<TileConfig> TuningDb::lookup(const std::string& target, const Prob
   std::optional<TuningEntry> e = find(target, p);
   if (!e) return std::nullopt;
   TileConfig c = e->config;
-  if (p.r_chunk) {
-    c.r_chunk = p.r_chunk;  // the caller's explicit choice wins
-  } else if (c.r_chunk && p.topk % c.r_chunk != 0) {
-    c.r_chunk = 0;  // no longer divides: the planner's
-  }
+  if (p.r_chunk) c.r_chunk = p.r_chunk;  // the caller's explicit choice wins
   return c;
 }
 
 void TuningDb::store(const std::string& target, const Problem& p, const TuningEntry& e) {
-  const std::string dir = parent_dir(path_);
-  make_dirs(dir);
-  FileLock lock(path_ + ".lock");
+  // Checked first so that nothing (no <dir>.lock) is created beside a directory.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " is a directory, not a file (set SMLA_TUNING_DB to a "
+                                        "file path, e.g. " + path_ + "/tuning.json)");
+  // Resolved once: the lock, the temp file and the rename target all sit beside the real file.
+  const std::string real = resolve_for_write(path_);
+  const std::string dir = parent_dir(real);
+  FileLock lock(real + ".lock");
   // Re-read under the lock: entries other processes stored since we last looked are kept.
   json entries;
   std::string why;
-  const Parsed st = read_db(path_, &entries, &why);
-  if (st == Parsed::Corrupt || st == Parsed::OtherSchema) {
-    std::lock_guard<std::mutex> g(mu_);
-    warn("tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
+  switch (read_db(real, &entries, &why)) {
+    case Parsed::Unreadable:  // rewriting what we cannot read would drop its entries
+      SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " " + why + ": not rewritten");
+    case Parsed::NewerSchema:  // an older smla must not wipe a newer database
+      SMLA_THROW(Status::Unsupported, "tuning db " + path_ + " has " + why + " and writes schema " +
+                                          std::to_string(kTuningSchema) +
+                                          ": not overwritten (tune with the newer smla, or set SMLA_TUNING_DB to "
+                                          "another file)");
+    case Parsed::Corrupt:
+    case Parsed::OlderSchema: {
+      std::lock_guard<std::mutex> g(mu_);
+      warn("tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
+      break;
+    }
+    case Parsed::Absent:
+    case Parsed::Ok: break;
   }
   entries[tuning_key(target, p, version_)] = entry_to_json(target, p, version_, e);
   json doc;
@@ -324,8 +489,9 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
   const std::string text = doc.dump(1) + "\n";
 
   std::random_device rd;
-  const std::string tmp = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  const std::string tmp = real + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
+  // 0666: the umask decides, so under umask 002 the published file stays writable by the group.
+  const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
   if (fd < 0)
     SMLA_THROW(Status::InvalidArgument, "tuning db: cannot create " + tmp + ": " + std::strerror(errno) +
                                             " (set SMLA_TUNING_DB to a writable path)");
@@ -338,10 +504,10 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
     throw;
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+  if (::rename(tmp.c_str(), real.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    SMLA_THROW(Status::Internal, "tuning db: cannot rename " + tmp + " to " + path_ + ": " + std::strerror(err));
+    SMLA_THROW(Status::Internal, "tuning db: cannot rename " + tmp + " to " + real + ": " + std::strerror(err));
   }
   // The rename is durable only once the directory is synced.
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

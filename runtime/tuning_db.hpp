@@ -2,16 +2,20 @@
 // problem class, kept apart from the kernel cache (binaries and measurements age differently).
 //
 // One versioned JSON file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else
-// ~/.cache/smla/tuning.json). Writers take an flock on "<file>.lock", re-read the file, merge
-// their entry and publish by rename, so several tuning processes merge instead of clobbering.
-// Readers never lock (a rename is atomic). A corrupt file is ignored with a warning and replaced
-// by the next store.
+// ~/.cache/smla/tuning.json). Writers resolve symlinks in the path, take an flock on "<file>.lock"
+// beside the real file, re-read it, merge their entry and publish by rename, so several tuning
+// processes (through any link) merge instead of clobbering. Files and directories are created
+// 0666/0777 for the umask to decide (umask 002 and a setgid directory: a group's shared database).
+// Readers never lock (a rename is atomic). A corrupt file or one of an older schema is ignored
+// with a warning and replaced by the next store; one of a newer schema is ignored and never
+// overwritten (a store throws).
 //
 // Problem class: target, H, topk, sink, lse convention, dkv_fp32, T and num_kv rounded up to a
 // power of two, and the runtime version (smla version + a digest of the kernel sources), so a
 // new T inside a bucket reuses its tuned config (and its kernels: no T is compiled into a kernel)
 // and a kernel change invalidates old measurements.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -25,7 +29,8 @@ namespace smla {
 
 class KernelSources;
 
-/// Layout of the file; a file with another schema is ignored (warning) and rewritten on store.
+/// Layout of the file; a file with another schema is ignored (warning); an older one is rewritten on store, a
+/// newer one makes store throw.
 constexpr int kTuningSchema = 1;
 
 /// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json.
@@ -34,6 +39,16 @@ std::string default_tuning_db_path();
 /// "smla-0.1.0;kernels=<fnv64 of every kernel source file>": measurements are only valid for
 /// the kernels they were taken with.
 std::string tuning_runtime_version(const KernelSources& sources);
+
+/// The runtime version a Runtime looks tuned configs up under: that of the sources it compiles (`kernel_src_dir`,
+/// else $SMLA_KERNEL_SRC_DIR as runtime_env() read it, else the embedded ones). smla-tune stores under it.
+std::string default_tuning_runtime_version(const std::string& kernel_src_dir = {});
+
+/// smla-tune's verdict on one problem from its heuristic candidate (`config` labelled; the config every untuned
+/// plan() runs): "" when it passed the check and was timed (only then is a winner stored, beside its time); else the
+/// error that fails the run, naming `state` ("wrong", "rejected", ...) and `detail`.
+std::string tune_heuristic_error(const std::string& config, const std::string& state, const std::string& detail,
+                                 size_t others_timed);
 
 /// Smallest power of two >= v (1 for v <= 1): the T and num_kv buckets.
 int64_t pow2_bucket(int64_t v);
@@ -59,19 +74,21 @@ struct TuningEntry {
 
 class TuningDb {
  public:
-  /// `path` empty: default_tuning_db_path(). `runtime_version` empty: that of the embedded sources.
+  /// `path` empty: default_tuning_db_path(). `runtime_version` empty: default_tuning_runtime_version().
   explicit TuningDb(std::string path = {}, std::string runtime_version = {});
 
   /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
-  /// unreadable or corrupt file). When p.r_chunk is set, the caller's r_chunk is kept. A tuned r_chunk holds at any
-  /// T of the bucket: where its interm would exceed the budget the planner splits the tokens.
+  /// unreadable or corrupt file, a malformed entry: each warned about once). When p.r_chunk is
+  /// set, the caller's r_chunk is kept. A tuned r_chunk holds at any T of the bucket: where its
+  /// interm would exceed the budget the planner splits the tokens.
   /// Thread-safe; re-reads the file only when it changed.
   std::optional<TileConfig> lookup(const std::string& target, const Problem& p) const;
   /// The stored entry with its timings.
   std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
 
   /// Adds or replaces the entry of `p`'s class on `target` (atomic, merged under a file lock).
-  /// Throws smla::Error naming the path when the file cannot be written.
+  /// Throws smla::Error naming the path when the file cannot be read or written, is a directory,
+  /// or has a newer schema (left untouched).
   void store(const std::string& target, const Problem& p, const TuningEntry& e);
 
   const std::string& path() const { return path_; }

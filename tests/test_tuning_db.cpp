@@ -1,15 +1,22 @@
 // test_tuning_db.cpp: the tuning database without a GPU: keys and buckets, round trips, several
-// processes storing at once, corrupt and foreign files, runtime-version isolation.
+// processes storing at once, corrupt, foreign, malformed and unreadable files, runtime-version
+// isolation, symlinked paths, a group's shared database, smla-tune's verdict on the heuristic.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "tests/cache/test_util.hpp"  // run_as: a child process as another uid/gid
 
 #include "runtime/planner.hpp"
 #include "runtime/sources.hpp"
@@ -264,9 +271,12 @@ TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
     db.store("sm_90a", problem(4096), entry(32, 256));
   }
   const std::string valid = read(path);
-  std::string bad = GetParam() == "garbage" ? std::string("\x00\xff\x13garbage{{", 11)
+  // wrong_types: json's value() would throw type_error out of the lookup (and plan()).
+  std::string bad = GetParam() == "garbage"     ? std::string("\x00\xff\x13garbage{{", 11)
                     : GetParam() == "truncated" ? valid.substr(0, valid.size() / 2)
-                                                : std::string("{\"hello\": 1}");
+                    : GetParam() == "wrong_types"
+                        ? std::string("{\"format\": 5, \"schema\": \"1\", \"entries\": {}}")
+                        : std::string("{\"hello\": 1}");
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
 
   TuningDb db(path, "v1");
@@ -285,7 +295,7 @@ TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
   EXPECT_TRUE(fresh.warnings().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, CorruptFile, ::testing::Values("garbage", "truncated", "not_ours"));
+INSTANTIATE_TEST_SUITE_P(Kinds, CorruptFile, ::testing::Values("garbage", "truncated", "not_ours", "wrong_types"));
 
 TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   TempDir d;
@@ -299,9 +309,9 @@ TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   EXPECT_EQ(db.lookup("sm_90a", problem(4096))->dq_block_h, 64);
   EXPECT_EQ(old_db.lookup("sm_90a", problem(4096))->dq_block_h, 32) << "the other version's entry was clobbered";
 
-  // A file of another schema: ignored with a warning, rewritten by the next store.
+  // A file of an older schema: ignored with a warning, rewritten by the next store.
   auto doc = nlohmann::json::parse(read(path));
-  doc["schema"] = kTuningSchema + 1;
+  doc["schema"] = kTuningSchema - 1;
   std::ofstream(path, std::ios::trunc) << doc.dump();
   TuningDb next(path, "smla-0.1.0;kernels=2");
   EXPECT_FALSE(next.lookup("sm_90a", problem(4096)));
@@ -310,6 +320,38 @@ TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   next.store("sm_90a", problem(4096), entry(16, 64));
   EXPECT_EQ(nlohmann::json::parse(read(path))["schema"], kTuningSchema);
   EXPECT_EQ(next.lookup("sm_90a", problem(4096))->dq_block_h, 16);
+}
+
+// A newer smla's file is ignored by lookups and never overwritten: the store throws naming both schemas and the bytes
+// stay as they were (an older smla used to rewrite it with its one entry). 2^32 + 2 must not read as schema 2, nor
+// 2^32 + 1 as schema 1 (int truncation).
+TEST(TuningDb, NewerSchemaIsNeverOverwritten) {
+  for (const uint64_t schema : {uint64_t(kTuningSchema) + 1, (uint64_t(1) << 32) + uint64_t(kTuningSchema)}) {
+    SCOPED_TRACE(schema);
+    TempDir d;
+    const std::string path = d.path + "/tuning.json";
+    TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+    auto doc = nlohmann::json::parse(read(path));
+    doc["schema"] = schema;
+    doc["added_by_the_newer_smla"] = true;
+    std::ofstream(path, std::ios::trunc) << doc.dump();
+    const std::string before = read(path);
+
+    TuningDb db(path, "v1");
+    EXPECT_FALSE(db.lookup("sm_90a", problem(4096))) << "an entry of another schema was used";
+    ASSERT_EQ(db.warnings().size(), 1u);
+    EXPECT_NE(db.warnings()[0].find("schema " + std::to_string(schema)), std::string::npos) << db.warnings()[0];
+    bool refused = false;
+    try {
+      db.store("sm_90a", problem(8192), entry(16, 64));
+    } catch (const Error& e) {
+      refused = true;
+      EXPECT_NE(e.message().find("schema " + std::to_string(schema)), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("schema " + std::to_string(kTuningSchema)), std::string::npos) << e.message();
+    }
+    EXPECT_TRUE(refused) << "a store over a newer schema succeeded";
+    EXPECT_EQ(read(path), before) << "the newer database was rewritten";
+  }
 }
 
 TEST(TuningDb, UnwritableLocationThrowsNamingThePath) {
@@ -321,6 +363,218 @@ TEST(TuningDb, UnwritableLocationThrowsNamingThePath) {
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("/proc/smla-no-such-dir"), std::string::npos) << e.message();
   }
+}
+
+// Entries that parse as JSON but are not a config smla-tune could have measured are ignored with one warning each,
+// so plan() falls back to the heuristic instead of throwing about Problem::r_chunk, which the user never set; and no
+// integer is truncated into range (4294967312 read as 16 by get<int>()).
+TEST(TuningDb, MalformedEntriesAreIgnoredNotTruncated) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));  // topk 512: the good one
+  auto doc = nlohmann::json::parse(read(path));
+  const nlohmann::json good = doc["entries"].begin().value();
+  struct Bad {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+  };
+  const std::vector<Bad> bads = {
+      {"r_chunk 8 (not a multiple of 16)", [](nlohmann::json& v) { v["config"]["r_chunk"] = 8; }},
+      {"r_chunk 48 (does not divide topk)", [](nlohmann::json& v) { v["config"]["r_chunk"] = 48; }},
+      {"r_chunk 2^32 + 16", [](nlohmann::json& v) { v["config"]["r_chunk"] = (int64_t(1) << 32) + 16; }},
+      {"dq_block_h 2^32 + 16", [](nlohmann::json& v) { v["config"]["dq_block_h"] = (int64_t(1) << 32) + 16; }},
+      {"dkv_block_d 2^64 - 1", [](nlohmann::json& v) { v["config"]["dkv_block_d"] = ~uint64_t(0); }},
+      {"dq_block_r -16", [](nlohmann::json& v) { v["config"]["dq_block_r"] = -16; }},
+      {"dq_impl 2^32 + 1", [](nlohmann::json& v) { v["config"]["dq_impl"] = (int64_t(1) << 32) + 1; }},
+      {"dkv_impl -1", [](nlohmann::json& v) { v["config"]["dkv_impl"] = -1; }},
+      {"ms a string", [](nlohmann::json& v) { v["ms"] = "fast"; }},
+      {"T_tuned negative", [](nlohmann::json& v) { v["T_tuned"] = -1; }},
+  };
+  // Each bad entry in its own problem class: topk 528, 544, ... (48 does not divide 544).
+  std::vector<Problem> ps;
+  for (size_t i = 0; i < bads.size(); ++i) {
+    ps.push_back(problem(4096, 128, 5120, 528 + 16 * int64_t(i)));
+    nlohmann::json v = good;
+    bads[i].edit(v);
+    doc["entries"][tuning_key("sm_90a", ps.back(), "v1")] = v;
+  }
+  std::ofstream(path, std::ios::trunc) << doc.dump();
+
+  TuningDb db(path, "v1");
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < bads.size(); ++i) {
+      EXPECT_FALSE(db.lookup("sm_90a", ps[i])) << bads[i].name << " was accepted";
+      EXPECT_FALSE(db.find("sm_90a", ps[i])) << bads[i].name << " was accepted";
+    }
+  auto c = db.lookup("sm_90a", problem(4096));
+  ASSERT_TRUE(c) << "a good entry beside bad ones was lost";
+  EXPECT_EQ(*c, (TileConfig{32, 64, 32, 128, 256}));
+  const auto w = db.warnings();
+  EXPECT_EQ(w.size(), bads.size()) << "one warning per bad entry, not per lookup";
+  for (const auto& m : w) EXPECT_NE(m.find("malformed entry"), std::string::npos) << m;
+  bool named = false;
+  for (const auto& m : w) named = named || m.find("r_chunk 48 does not divide topk 544") != std::string::npos;
+  EXPECT_TRUE(named) << "the r_chunk warning does not say why";
+}
+
+// SMLA_TUNING_DB naming a directory: lookups and stores say "is a directory" (not "corrupt", not a rename error), and a
+// store creates nothing (it left <dir>.lock behind).
+TEST(TuningDb, DirectoryPathSaysSoAndCreatesNothing) {
+  TempDir d;
+  const std::string dir = d.path + "/db";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  TuningDb db(dir, "v1");
+  EXPECT_FALSE(db.lookup("sm_90a", problem(4096)));
+  ASSERT_EQ(db.warnings().size(), 1u);
+  EXPECT_NE(db.warnings()[0].find("is a directory"), std::string::npos) << db.warnings()[0];
+  try {
+    db.store("sm_90a", problem(4096), entry(32, 256));
+    FAIL() << "a store into a directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find(dir + " is a directory"), std::string::npos) << e.message();
+  }
+  std::vector<std::string> left;
+  for (const auto& f : fs::recursive_directory_iterator(d.path)) left.push_back(f.path().string());
+  EXPECT_EQ(left, std::vector<std::string>{dir}) << "the store created files";
+}
+
+// A database that exists but cannot be read is not "no database": the lookup warns with the reason and a store
+// refuses to replace what it could not read. As root (who reads anything) this runs as another user.
+TEST(TuningDb, UnreadableFileWarnsWithTheReasonAndIsNotRewritten) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  const std::string before = read(path);
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  auto check = [&path]() -> std::string {
+    TuningDb db(path, "v1");
+    if (db.lookup("sm_90a", problem(4096))) return "an unreadable file was read";
+    const auto w = db.warnings();
+    if (w.size() != 1 || w[0].find(std::strerror(EACCES)) == std::string::npos)
+      return "no warning naming the reason: " + (w.empty() ? std::string("(none)") : w[0]);
+    try {
+      db.store("sm_90a", problem(8192), entry(16, 64));
+      return std::string("a store over an unreadable file succeeded");
+    } catch (const Error& e) {
+      if (e.message().find("not rewritten") == std::string::npos) return "store error: " + e.message();
+    }
+    return std::string();
+  };
+  std::string r;
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chmod(d.path.c_str(), 0777), 0);  // the other user may create the lock file
+    r = cache::test::run_as(4242, 4244, check);
+  } else {
+    ASSERT_EQ(::chmod(path.c_str(), 0), 0);
+    r = check();
+    ::chmod(path.c_str(), 0600);
+  }
+  EXPECT_EQ(r, "");
+  EXPECT_EQ(read(path), before);
+}
+
+// ~/.cache/smla/tuning.json -> /shared/tuning.json: a store replaces the target, not the link, and writers through
+// different links (absolute, relative, a linked directory) take one lock file beside the real file.
+TEST(TuningDb, SymlinkedPathKeepsTheLinkAndSharesOneLock) {
+  TempDir d;
+  for (const char* sub : {"real", "home1", "home2"}) ASSERT_EQ(::mkdir((d.path + "/" + sub).c_str(), 0755), 0);
+  const std::string real = d.path + "/real/tuning.json", l1 = d.path + "/home1/tuning.json",
+                    l2 = d.path + "/home2/tuning.json", l3 = d.path + "/linkdir/tuning.json";
+  ASSERT_EQ(::symlink(real.c_str(), l1.c_str()), 0);  // its target does not exist yet
+  ASSERT_EQ(::symlink("../real/tuning.json", l2.c_str()), 0);
+  ASSERT_EQ(::symlink((d.path + "/real").c_str(), (d.path + "/linkdir").c_str()), 0);
+  TuningDb(l1, "v1").store("sm_90a", problem(4096, 128, 5120, 512), entry(16, 16));
+  TuningDb(l2, "v1").store("sm_90a", problem(4096, 128, 5120, 528), entry(32, 16));
+  TuningDb(l3, "v1").store("sm_90a", problem(4096, 128, 5120, 544), entry(64, 16));
+  EXPECT_TRUE(fs::is_symlink(l1)) << "the link was replaced by a plain file";
+  EXPECT_TRUE(fs::is_symlink(l2)) << "the link was replaced by a plain file";
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(real)));
+  EXPECT_EQ(nlohmann::json::parse(read(real))["entries"].size(), 3u);
+  EXPECT_TRUE(fs::exists(real + ".lock"));
+  EXPECT_FALSE(fs::exists(l1 + ".lock")) << "a lock beside the link does not exclude writers through another";
+  EXPECT_FALSE(fs::exists(l2 + ".lock"));
+  for (const std::string& via : {l1, l2, l3}) {
+    TuningDb db(via, "v1");
+    for (int64_t topk : {512, 528, 544}) EXPECT_TRUE(db.lookup("sm_90a", problem(4096, 128, 5120, topk))) << via;
+  }
+  for (const auto& f : fs::recursive_directory_iterator(d.path))
+    EXPECT_EQ(f.path().filename().string().find(".tmp."), std::string::npos) << f.path();
+}
+
+// A group's shared database (umask 002, a setgid directory): a second user of the group can store into it after the
+// first created the directory, the file and the lock (0644/0755 locked everyone else out), and a lock file left
+// without group write is still taken, read-only.
+TEST(TuningDb, SharedGroupDatabaseWritableByASecondUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run as two users of one group (cache::test::run_as)";
+  constexpr uid_t kAlice = 4242, kBob = 4243;
+  constexpr gid_t kGroup = 4244;
+  TempDir d;
+  ASSERT_EQ(::chmod(d.path.c_str(), 0755), 0);
+  const std::string shared = d.path + "/shared", path = shared + "/sub/tuning.json";  // sub/ made by the first user
+  ASSERT_EQ(::mkdir(shared.c_str(), 0775), 0);
+  ASSERT_EQ(::chown(shared.c_str(), 0, kGroup), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 02775), 0);
+  auto store_as = [&path](uid_t uid, int64_t topk, int bh) {
+    return cache::test::run_as(uid, kGroup, [&] {
+      try {
+        TuningDb(path, "v1").store("sm_90a", problem(4096, 128, 5120, topk), entry(bh, 16));
+        return std::string();
+      } catch (const Error& e) {
+        return e.message();
+      }
+    });
+  };
+  EXPECT_EQ(store_as(kAlice, 512, 16), "");
+  EXPECT_EQ(store_as(kBob, 528, 32), "") << "the second user of the group cannot write the shared database";
+  struct stat st {};
+  for (const std::string& f : {path, path + ".lock"}) {
+    ASSERT_EQ(::stat(f.c_str(), &st), 0) << f;
+    EXPECT_EQ(st.st_mode & 0777, 0664u) << f;
+    EXPECT_EQ(st.st_gid, kGroup) << f;
+  }
+  ASSERT_EQ(::stat((shared + "/sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0775u);
+  // The lock file (Alice's) left 0644, as umask 022 or an older smla would: Bob takes it read-only.
+  ASSERT_EQ(::chmod((path + ".lock").c_str(), 0644), 0);
+  EXPECT_EQ(store_as(kBob, 544, 64), "") << "a lock file without group write stopped the second user";
+  TuningDb db(path, "v1");
+  for (int64_t topk : {512, 528, 544}) EXPECT_TRUE(db.lookup("sm_90a", problem(4096, 128, 5120, topk))) << topk;
+}
+
+// smla-tune stores under the version of the sources the Runtime compiles: with SMLA_KERNEL_SRC_DIR set, not the
+// embedded ones (else no plan() finds what it stored). runtime_env() reads the variable once per process, so a
+// fresh process (this test, re-run) reports what it sees.
+TEST(TuningDb, TuneVersionFollowsSmlaKernelSrcDir) {
+  if (std::getenv("SMLA_TUNING_TEST_CHILD")) {
+    std::printf("version=%s\ndb=%s\n", default_tuning_runtime_version().c_str(),
+                TuningDb("/nonexistent/tuning.json").runtime_version().c_str());
+    return;
+  }
+  TempDir d;
+  for (const auto& f : embedded_kernel_sources()) std::ofstream(d.path + "/" + f.first, std::ios::binary) << f.second;
+  std::ofstream(d.path + "/dq.cu", std::ios::app) << "\n// edited\n";
+  const std::string edited = tuning_runtime_version(KernelSources(d.path));
+  ASSERT_NE(edited, tuning_runtime_version(KernelSources()));
+  EXPECT_EQ(default_tuning_runtime_version(d.path), edited);  // RuntimeOptions::kernel_src_dir wins
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  const auto [rc, out] = cache::test::run_cmd("SMLA_KERNEL_SRC_DIR='" + d.path + "' SMLA_TUNING_TEST_CHILD=1 '" + exe +
+                                              "' --gtest_filter=TuningDb.TuneVersionFollowsSmlaKernelSrcDir");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("version=" + edited + "\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("db=" + edited + "\n"), std::string::npos) << "TuningDb's default version:\n" << out;
+}
+
+// smla-tune fails a problem (exit 1) when the planner's own config is wrong or cannot run: it used to print "no tuned
+// config" and exit 0.
+TEST(TuningDb, TuneFailsWhenTheHeuristicIsWrongOrCannotRun) {
+  EXPECT_EQ(tune_heuristic_error("dq mma 64x64", "timed", "", 12), "");
+  for (const char* state : {"wrong", "rejected", "untried"}) {
+    const std::string e = tune_heuristic_error("dq mma 64x64", state, "dq rel_err 3.1e-01", 12);
+    EXPECT_NE(e.find("heuristic config dq mma 64x64"), std::string::npos) << e;
+    EXPECT_NE(e.find("dq rel_err 3.1e-01"), std::string::npos) << e;
+    EXPECT_NE(e.find("12 other candidates passed"), std::string::npos) << e;
+  }
+  EXPECT_NE(tune_heuristic_error("c", "wrong", "x", 0).find("correctness check"), std::string::npos);
 }
 
 }  // namespace

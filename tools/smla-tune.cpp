@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
 #include "runtime/bf16.hpp"
@@ -278,12 +279,18 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
   j["wrong"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "wrong"; });
   j["rejected"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "rejected"; });
   j["heuristic"] = {{"config", cfg_json(h.resolved)}, {"state", h.state}, {"ms", h.ms}};
-  if (!best) {
-    j["error"] = "no candidate passed the check";
+  if (!h.detail.empty()) j["heuristic"]["detail"] = h.detail;
+  const size_t others_timed = size_t(
+      std::count_if(cands.begin() + 1, cands.end(), [](const Candidate& c) { return c.state == "timed"; }));
+  // A heuristic that is wrong or cannot run fails the problem (exit 1): every untuned plan() runs it.
+  const std::string herr = smla::tune_heuristic_error(label(h.resolved), h.state, h.detail, others_timed);
+  if (!herr.empty()) {
+    j["error"] = herr;
+    if (o.json) std::fprintf(stderr, "smla-tune: error: %s\n", herr.c_str());  // else in the summary below
   } else {
     j["tuned"] = {{"config", cfg_json(best->resolved)}, {"ms", best->ms}, {"is_heuristic", best->heuristic}};
-    if (h.state == "timed") j["ratio"] = best->ms / h.ms;
-    if (!o.no_store && h.state == "timed") {
+    j["ratio"] = best->ms / h.ms;
+    if (!o.no_store) {
       smla::TuningEntry e;
       e.config = best->cfg;  // the heuristic is stored as all-zero: "the planner's choice"
       e.ms = best->ms;
@@ -306,13 +313,13 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
       if (i < 10 || timed[i]->heuristic)
         std::printf("%-4zu %-44s %10.4f%s\n", i + 1, label(timed[i]->resolved).c_str(), timed[i]->ms,
                     timed[i]->heuristic ? "  <- heuristic" : "");
-    if (best && h.state == "timed")
+    if (herr.empty())
       std::printf("tuned %.4f ms vs heuristic %.4f ms: ratio tuned/heuristic %.3f (%zu of %zu tried, %d wrong, %d "
                   "rejected, %.0f s)%s\n",
                   best->ms, h.ms, best->ms / h.ms, tried, cands.size(), int(j["wrong"]), int(j["rejected"]),
                   double(j["seconds"]), o.no_store ? "" : (" -> " + db.path()).c_str());
     else
-      std::printf("no tuned config: %s\n", best ? "the heuristic config could not be timed" : "no candidate passed the check");
+      std::printf("error: %s\n", herr.c_str());
   }
   return j;
 }
@@ -332,7 +339,8 @@ int run(const Options& o) {
       if (b.name == "cuda") why = b.detail;
     throw smla::Error(smla::Status::NoBackend, "needs a usable CUDA GPU (" + why + ")");
   }
-  smla::TuningDb db(o.tuning_db, smla::tuning_runtime_version(smla::KernelSources()));
+  // The version of the sources the Runtime compiles ($SMLA_KERNEL_SRC_DIR included), so plan() finds the entries.
+  smla::TuningDb db(o.tuning_db, smla::default_tuning_runtime_version());
   nlohmann::json all = nlohmann::json::array();
   bool ok = true;
   for (const smla::Problem& p : problems) {
@@ -369,6 +377,6 @@ int main(int argc, char** argv) {
   app.add_flag("--no-store", o.no_store, "measure only; leave the database alone");
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
   app.add_option("--seed", o.seed, "random seed of the inputs");
-  CLI11_PARSE(app, argc, argv);
+  SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-tune", [&] { return run(o); });
 }
