@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "smla/smla.hpp"
@@ -188,6 +189,19 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
     x.dtypes = {d(t->q_dtype),    d(t->kv_dtype),        d(t->o_dtype),  d(t->dout_dtype), d(t->lse_dtype),
                 d(t->topk_dtype), d(t->attn_sink_dtype), d(t->dq_dtype), d(t->dkv_dtype),  d(t->d_sink_dtype)};
     plan->plan->run(x, workspace, workspace_bytes, stream);
+  });
+}
+
+smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* workspace, void* stream,
+                                     smla_bad_index_t* out, int* found) {
+  if (!plan) return null_arg("plan");
+  if (!out) return null_arg("out");
+  if (!found) return null_arg("found");
+  return guard([&] {
+    const std::optional<smla::BadIndex> b = plan->plan->index_report(workspace, stream);
+    *found = b ? 1 : 0;
+    *out = smla_bad_index_t{};
+    if (b) out->count = b->count, out->t = b->t, out->r = b->r, out->value = b->value;
   });
 }
 

@@ -362,7 +362,8 @@ int main(int argc, char** argv) {
       "(default: the seed shape 4096,128,5120,512). Every candidate is first checked against the float64\n"
       "reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed\n"
       "at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
-      "~/.cache/smla/tuning.json; entries are keyed by target, H, topk, sink, lse convention and the\n"
+      "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by target, H, topk,\n"
+      "sink, lse convention and the\n"
       "power-of-two buckets of T and num_kv.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");

@@ -154,14 +154,16 @@ int main(int argc, char** argv) {
                  "warms its xnack- and xnack+ ids, gfx90a:xnack+ only that one")
       ->delimiter(',');
   app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)");
-  app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR or ~/.cache/smla)");
+  app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR, else $XDG_CACHE_HOME/smla, else "
+                 "~/.cache/smla)");
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
   app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys without compiling");
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
   app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
-  app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB or ~/.cache/smla/tuning.json)");
+  app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
+                 "~/.cache/smla/tuning.json)");
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
 }

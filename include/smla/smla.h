@@ -111,6 +111,15 @@ smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
 smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
                             size_t workspace_bytes, void* stream);
 /* The last error message of this thread ("" when none). */
+/* The first out-of-range top-k index of the last run (a plan made with check_indices), read back from the workspace
+   (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. */
+typedef struct {
+  int64_t count;  /* how many slots were out of range */
+  int64_t t, r;   /* the first one's token and slot */
+  int64_t value;  /* its index */
+} smla_bad_index_t;
+smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* workspace, void* stream,
+                                     smla_bad_index_t* out, int* found);
 const char* smla_last_error(void);
 /* SMLA_VERSION of the library linked. */
 int smla_version(void);

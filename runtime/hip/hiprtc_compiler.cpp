@@ -363,7 +363,9 @@ std::string dump_failed_source(const RenderedSource& src, const std::string& tar
     for (const auto& hd : src.headers) h = fnv1a(hd.second, fnv1a(hd.first, h));
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    fs::path dir = fs::temp_directory_path() / "smla-failed";  // honours $TMPDIR
+    // Where the CUDA path writes too (runtime/dump.cpp): $SMLA_DUMP_DIR, else $TMPDIR/smla-failed.
+    const char* dump_dir = std::getenv("SMLA_DUMP_DIR");
+    fs::path dir = dump_dir && *dump_dir ? fs::path(dump_dir) : fs::temp_directory_path() / "smla-failed";
     fs::create_directories(dir);
     std::string stem = fs::path(src.name).stem().string();
     fs::path file = dir / (stem + "-" + hex + ".cpp");
