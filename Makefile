@@ -13,8 +13,8 @@ deps:
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
-	@command -v nvcc >/dev/null 2>&1 || test -f /usr/local/cuda/include/cuda.h || \
-	  { echo "the CUDA toolkit (headers, NVRTC) is needed at /usr/local/cuda"; exit 1; }
+	@command -v nvcc >/dev/null 2>&1 || { test -x /usr/local/cuda/bin/nvcc && test -f /usr/local/cuda/include/cuda.h; } || \
+	  { echo "the CUDA toolkit (headers, NVRTC, and the nvcc and libcudart CMake's FindCUDAToolkit looks for) is needed at /usr/local/cuda"; exit 1; }
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard /usr/local/cuda/bin/nvcc),-DCUDAToolkit_ROOT=/usr/local/cuda)
