@@ -123,7 +123,7 @@ class DiskCache {
   /// with timeout), then published. `accept(binary)` returning false for a binary read from disk
   /// (the driver refused it) deletes the entry, logs a warning and recompiles once; an entry that
   /// cannot be deleted (read-only or not ours) is skipped and the binary kept in memory. Throws
-  /// only what `compile` throws.
+  /// only what `compile` or `accept` throws (accept: an error that is not the binary's fault).
   Fetched get_or_compile(const KeyFields& f, const std::function<CompileOutput()>& compile,
                          const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
 

@@ -11,6 +11,8 @@
 
 namespace smla {
 
+class Error;
+
 /// A translation unit ready for a run-time compiler: the constants, then the kernel source.
 /// Headers it includes from kernel_src/ travel alongside (name, content), so the compile never
 /// reads the disk and the cache key covers every byte.
@@ -48,7 +50,9 @@ class LoadedKernel {
   virtual ~LoadedKernel() = default;
 };
 
-enum class PointerKind { Device, Host, Unknown };
+/// Unreadable: an address this process cannot read (the CPU backend's answer for device memory when no driver can
+/// say so).
+enum class PointerKind { Device, Host, Unknown, Unreadable };
 
 class Backend {
  public:
@@ -65,10 +69,17 @@ class Backend {
   /// refuses the binary: the caller then drops the cache entry and recompiles once).
   virtual std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                              int device) = 0;
+  /// Whether an error thrown by load() is the driver refusing the binary itself (another device, a newer
+  /// toolkit, corrupt), which recompiling may cure; anything else (out of memory, a limit) fails plan().
+  /// A backend that cannot tell says yes.
+  virtual bool is_binary_refusal(const Error& /*e*/) const { return true; }
   /// Launches only: no allocation, no synchronization.
   virtual void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) = 0;
   /// Where a pointer lives, for argument validation.
   virtual PointerKind pointer_kind(const void* ptr) const = 0;
+  /// For device memory at `ptr`: the device it was allocated on, when that is not `device`; -1 when it is
+  /// `device`, when the memory is managed (every device can use it) or when the backend cannot tell.
+  virtual int other_device(const void* /*ptr*/, int /*device*/) const { return -1; }
   /// Resource limits for validation of configs.
   virtual size_t max_shared_memory(int device) const = 0;
   /// Fork and join for steps that may run beside the main order (Step::side). A backend that

@@ -1,6 +1,10 @@
 // cpu_backend.cpp: runs the phases of runtime/cpu/ through the planner's steps.
 #include "cpu_backend.hpp"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "check.hpp"
@@ -13,6 +17,18 @@ namespace {
 struct CpuKernel : LoadedKernel {
   cpu::PhaseFn fn = nullptr;
 };
+
+// Whether this process can read the byte at `p`, asked of the kernel (process_vm_readv on our own
+// pid reports EFAULT where a load would fault). CUDA reserves its unified address range as
+// PROT_NONE mappings, so device memory shows up here when no driver can be asked. A kernel or
+// seccomp policy that refuses the call cannot tell: readable.
+bool readable_here(const void* p) {
+  char byte;
+  iovec local{&byte, 1};
+  iovec remote{const_cast<void*>(p), 1};
+  const ssize_t n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+  return n == 1 || (n < 0 && errno != EFAULT);
+}
 }  // namespace
 
 std::vector<KernelSpec> cpu_phase_kernels(Phase phase, const ShapeInfo&) {
@@ -42,6 +58,7 @@ PointerKind CpuBackend::pointer_kind(const void* ptr) const {
         type == CU_MEMORYTYPE_DEVICE)
       return PointerKind::Device;
   }
+  if (ptr && !readable_here(ptr)) return PointerKind::Unreadable;  // e.g. no usable driver (a symbol missing)
   return PointerKind::Host;
 }
 

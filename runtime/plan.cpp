@@ -25,9 +25,9 @@ namespace {
   arg_error("Tensors::" + name, expected, Status::InvalidArgument, file, line);
 }
 
-// `name`: the argument as the caller knows it ("Tensors::q", "run(): workspace").
-void check_ptr(const Backend& be, const void* ptr, const std::string& name, size_t align, bool required = true,
-               const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+// `name`: the argument as the caller knows it ("Tensors::q", "run(): workspace"); `device`: the plan's.
+void check_ptr(const Backend& be, int device, const void* ptr, const std::string& name, size_t align,
+               bool required = true, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   if (!ptr) {
     if (required) arg_error(name, "a non-null pointer", Status::InvalidArgument, file, line);
     return;
@@ -40,14 +40,23 @@ void check_ptr(const Backend& be, const void* ptr, const std::string& name, size
   const PointerKind k = be.pointer_kind(ptr);
   if (be.name() == "cpu" && k == PointerKind::Device)
     arg_error(name, "host memory for the cpu backend (got a device pointer)", Status::InvalidArgument, file, line);
+  if (be.name() == "cpu" && k == PointerKind::Unreadable)  // the phases would fault reading it
+    arg_error(name, "host memory readable by this process for the cpu backend (device memory?)",
+              Status::InvalidArgument, file, line);
   if (be.name() != "cpu" && k == PointerKind::Host)
     arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)", Status::InvalidArgument,
               file, line);
+  if (be.name() != "cpu" && k == PointerKind::Device) {
+    const int other = be.other_device(ptr, device);
+    if (other >= 0)
+      arg_error(name, "memory on device " + std::to_string(device) + " (got device " + std::to_string(other) + ")",
+                Status::InvalidArgument, file, line);
+  }
 }
 
-void check_tensor_ptr(const Backend& be, const void* ptr, const char* name, size_t align, bool required = true,
-                      const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  check_ptr(be, ptr, std::string("Tensors::") + name, align, required, file, line);
+void check_tensor_ptr(const Backend& be, int device, const void* ptr, const char* name, size_t align,
+                      bool required = true, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  check_ptr(be, device, ptr, std::string("Tensors::") + name, align, required, file, line);
 }
 
 int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least,
@@ -157,17 +166,18 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   check_dtype(dt.dkv, p.dkv_fp32 ? DType::F32 : DType::BF16, "dkv");
   check_dtype(dt.d_sink, DType::F32, "d_sink");
   // bf16 rows are read 16 bytes at a time: 16-byte aligned bases, strides a multiple of 8.
-  check_tensor_ptr(be, t.q, "q", 16);
-  check_tensor_ptr(be, t.kv, "kv", 16);
-  check_tensor_ptr(be, t.o, "o", 16);
-  check_tensor_ptr(be, t.dout, "dout", 16);
-  check_tensor_ptr(be, t.lse, "lse", 4);
-  check_tensor_ptr(be, t.topk, "topk", 4);
-  check_tensor_ptr(be, t.dq, "dq", 16);
-  check_tensor_ptr(be, t.dkv, "dkv", 16);
+  const int dev = p.device;
+  check_tensor_ptr(be, dev, t.q, "q", 16);
+  check_tensor_ptr(be, dev, t.kv, "kv", 16);
+  check_tensor_ptr(be, dev, t.o, "o", 16);
+  check_tensor_ptr(be, dev, t.dout, "dout", 16);
+  check_tensor_ptr(be, dev, t.lse, "lse", 4);
+  check_tensor_ptr(be, dev, t.topk, "topk", 4);
+  check_tensor_ptr(be, dev, t.dq, "dq", 16);
+  check_tensor_ptr(be, dev, t.dkv, "dkv", 16);
   if (p.has_sink) {
-    check_tensor_ptr(be, t.attn_sink, "attn_sink", 4);
-    check_tensor_ptr(be, t.d_sink, "d_sink", 4);
+    check_tensor_ptr(be, dev, t.attn_sink, "attn_sink", 4);
+    check_tensor_ptr(be, dev, t.d_sink, "d_sink", 4);
   } else if (t.attn_sink || t.d_sink) {
     tensor_error(t.attn_sink ? "attn_sink" : "d_sink", "null, since Problem::has_sink is false");
   }
@@ -179,7 +189,7 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
                   "workspace of " + std::to_string(workspace_size) + " bytes is smaller than workspace_bytes() = " +
                       std::to_string(layout_.total),
                   __FILE__, __LINE__);
-    check_ptr(be, workspace, "run(): workspace", WorkspaceLayout::kAlign);
+    check_ptr(be, dev, workspace, "run(): workspace", WorkspaceLayout::kAlign);
   }
 
   SmlaParams s{};
@@ -268,8 +278,23 @@ SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
   return p;
 }
 
+// The driver's error alone does not say which of the plan's launches failed: name it.
 void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const {
-  backend_->launch(*kernels_[i], steps_[i].spec, step_params(i, base), stream);
+  const KernelSpec& k = steps_[i].spec;
+  try {
+    backend_->launch(*kernels_[i], k, step_params(i, base), stream);
+  } catch (const Error& e) {
+    auto dim = [](const Dim3& d) {
+      return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+    };
+    const bool async = backend_->name() != "cpu";  // a GPU launch also returns errors of earlier work
+    throw Error(e.status(),
+                "launch " + std::to_string(i) + " of " + std::to_string(steps_.size()) + " (phase " +
+                    phase_name(steps_[i].phase) + ", " + k.entry + ", grid " + dim(k.grid) + ", block " +
+                    dim(k.block) + "): " + e.message() +
+                    (async ? " (an earlier asynchronous error of the stream may be reported here)" : ""),
+                e.file(), e.line(), e.call());
+  }
 }
 
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
@@ -278,28 +303,40 @@ void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, voi
   const int dev = problem_.device;
   // Side steps (csr) go to a side stream forked from `stream` and are joined back before the step
   // that reads them; without a side stream (CPU, HIP, SMLA_SIDE_STREAM=0) everything runs in order.
+  // A launch that throws while forked still joins the side stream back (best effort): otherwise a
+  // capture cannot end (unjoined fork) and `stream` does not wait for csr still writing the workspace.
   struct Side {
     Backend& be;
     int dev;
     void* s;
-    ~Side() { be.release_side_stream(dev, s); }
-  } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev) : nullptr};
-  bool forked = false;
+    void* main;
+    bool forked = false;
+    ~Side() {
+      if (forked) {
+        try {
+          be.stream_wait(dev, main, s);
+        } catch (...) {  // a destructor must not throw; the launch's error is the one to report
+        }
+      }
+      be.release_side_stream(dev, s);
+    }
+  } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev) : nullptr, stream};
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& st = steps_[i];
     if (st.side && side.s) {
-      if (!forked) be.stream_wait(dev, side.s, stream);
-      forked = true;
+      if (!side.forked) be.stream_wait(dev, side.s, stream);
+      side.forked = true;
       launch_step(i, base, side.s);
       continue;
     }
-    if (st.join && forked) {
+    if (st.join && side.forked) {
       be.stream_wait(dev, stream, side.s);
-      forked = false;
+      side.forked = false;
     }
     launch_step(i, base, stream);
   }
-  if (forked) be.stream_wait(dev, stream, side.s);  // nothing of this run is left outside `stream`
+  if (side.forked) be.stream_wait(dev, stream, side.s);  // nothing of this run is left outside `stream`
+  side.forked = false;
 }
 
 void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {

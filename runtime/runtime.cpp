@@ -94,6 +94,9 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
       k = be.load(spec, bin, device);
       return true;
     } catch (const Error& e) {
+      // Only a refused image is the entry's fault; out of memory or a limit would fail the same after a recompile,
+      // and deleting a good shared entry makes every process recompile it.
+      if (!be.is_binary_refusal(e)) throw;
       log().warn("the driver refused the cached binary of {}: {}", spec.entry, e.what());
       return false;
     }
@@ -115,8 +118,9 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
   return ins.first->second;
 }
 
-Runtime::Runtime(RuntimeOptions opts) : impl_(std::make_shared<Impl>(std::move(opts))) {
-  log();  // registers the "smla" logger (stderr) before the cache looks it up
+// The "smla" logger (stderr, SMLA_LOG_LEVEL) is registered before Impl opens the disk cache, which logs through it
+// if registered (its knob warnings and first open went to spdlog's default logger, past SMLA_LOG_LEVEL, before).
+Runtime::Runtime(RuntimeOptions opts) : impl_((log(), std::make_shared<Impl>(std::move(opts)))) {
   for (const std::string& w : runtime_env().warnings) log().warn("{}", w);
 }
 

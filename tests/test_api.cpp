@@ -1,6 +1,7 @@
 // test_api.cpp: the public API's promises: bad input gets a clear error naming the argument and
 // changes nothing; the index check; the C API; plan() reuse; threads; CUDA graphs (on a GPU).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstddef>
 #include <cstring>
@@ -8,6 +9,10 @@
 #include <random>
 #include <thread>
 
+#include "runtime/cpu_backend.hpp"
+#include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/env.hpp"
+#include "runtime/plan_impl.hpp"
 #include "smla/smla.h"
 #include "tests/e2e_common.hpp"
 
@@ -352,6 +357,44 @@ TEST(CApi, EdgesOfTheCApi) {
   smla_plan_destroy(plan);
 }
 
+// The index report in C: the first out-of-range index and the count, as Plan::index_report gives them.
+TEST(CApi, IndexReportInC) {
+  Case c = kSmall;
+  c.out_of_range = true;
+  const ref::Inputs in = make_case_inputs(c, 13);
+  int64_t count = 0, first = -1;
+  for (size_t i = 0; i < in.topk.size(); ++i)
+    if (in.topk[i] < -1 || in.topk[i] >= c.num_kv) count += 1, first = first < 0 ? int64_t(i) : first;
+  ASSERT_GT(count, 0);
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = c.T, pb.H = c.H, pb.num_kv = c.num_kv, pb.topk = c.topk, pb.r_chunk = c.r_chunk, pb.has_sink = 1;
+  pb.check_indices = 1, pb.backend = SMLA_BACKEND_CPU;
+  smla_plan_t* plan = nullptr;
+  ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
+  Problem p = make_problem(BackendKind::Cpu, c);
+  p.check_indices = true;
+  tools::CaseRunner cr(p, in);
+  const smla_tensors_t ct = c_tensors(cr.tensors());
+  void* ws = cr.workspace(ws_bytes);
+  ASSERT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
+  smla_bad_index_t bad;
+  int found = -1;
+  ASSERT_EQ(smla_plan_index_report(plan, ws, nullptr, &bad, &found), SMLA_OK) << smla_last_error();
+  EXPECT_EQ(found, 1);
+  EXPECT_EQ(bad.count, count);
+  EXPECT_EQ(bad.t, first / c.topk);
+  EXPECT_EQ(bad.r, first % c.topk);
+  EXPECT_EQ(bad.value, in.topk[size_t(first)]);
+  EXPECT_EQ(smla_plan_index_report(plan, ws, nullptr, &bad, nullptr), SMLA_INVALID_ARGUMENT);
+  smla_plan_destroy(plan);
+  smla_runtime_destroy(rt);
+}
+
 // smla_plan_create_ex's token chunks (the C side of Problem::t_chunk), smla_plan_info, and the versioned structs:
 // an older caller's smaller struct gets the defaults, a newer one's unknown fields must be zero.
 TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
@@ -450,6 +493,159 @@ TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
   EXPECT_EQ(smla_plan_info(plan, nullptr), SMLA_INVALID_ARGUMENT);
   smla_plan_destroy(plan);
   smla_runtime_destroy(rt);
+}
+
+// With no usable driver, Auto resolves to the CPU backend, which cannot ask CUDA what a pointer is: memory this
+// process cannot read (CUDA reserves device memory as PROT_NONE host mappings) is refused by name, not dereferenced.
+TEST(Api, UnreadableMemoryIsRefusedByTheCpuBackend) {
+  const size_t bytes = size_t(kSmall.T) * kSmall.H * 512 * 2;
+  void* none = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(none, MAP_FAILED);
+  expect_bad_run(BackendKind::Cpu, [none](Tensors& t, size_t&) { t.q = none; },
+                 "Tensors::q: expected host memory readable by this process for the cpu backend (device memory?)");
+  munmap(none, bytes);
+}
+
+// Only the driver refusing the image itself makes the cache drop a (shared) entry and recompile; out of memory or
+// a limit the kernel exceeds fails plan() as it is. Both forms of check()'s message count: the result's name (with
+// a driver) and its number (without one, as here).
+TEST(CudaBackend, OnlyARefusedImageCountsAsARefusedBinary) {
+  auto refused = [](CUresult r) {
+    try {
+      cuda::check(r, "cuModuleLoadData(&module, image)", __FILE__, __LINE__);
+    } catch (const Error& e) {
+      return cuda::is_binary_refusal(e);
+    }
+    ADD_FAILURE() << "check() did not throw for " << int(r);
+    return false;
+  };
+  for (CUresult r : {CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_PTX,
+                     CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_ERROR_INVALID_SOURCE, CUDA_ERROR_JIT_COMPILER_NOT_FOUND})
+    EXPECT_TRUE(refused(r)) << int(r);
+  for (CUresult r : {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_UNKNOWN})
+    EXPECT_FALSE(refused(r)) << int(r);
+  const auto driver_error = [](const char* m) { return Error(Status::DriverError, m); };
+  EXPECT_TRUE(cuda::is_binary_refusal(driver_error("CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available")));
+  EXPECT_TRUE(cuda::is_binary_refusal(driver_error("CUDA error 200: (no description)")));
+  EXPECT_FALSE(cuda::is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
+  EXPECT_FALSE(cuda::is_binary_refusal(driver_error("CUDA error 2000: (no description)")));  // not 200
+  EXPECT_FALSE(cuda::is_binary_refusal(Error(Status::Unsupported, "dq needs 300000 bytes of shared memory")));
+  EXPECT_FALSE(cuda::is_binary_refusal(Error(Status::Internal, "CUDA_ERROR_INVALID_IMAGE: not a driver error")));
+  // Through the backends: CUDA tells; a backend that cannot (the default) keeps calling every error a refusal.
+  cuda::CudaBackend cu;
+  CpuBackend cpu;
+  const Backend& b_cu = cu;
+  const Backend& b_cpu = cpu;
+  EXPECT_FALSE(b_cu.is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
+  EXPECT_TRUE(b_cu.is_binary_refusal(driver_error("CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")));
+  EXPECT_TRUE(b_cpu.is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
+}
+
+CUcontext current_context() {
+  CUcontext c = nullptr;
+  SMLA_CU(cuda::driver().CtxGetCurrent(&c));
+  return c;
+}
+
+// A framework thread keeps its current context (PyTorch allocates in it): backends(), plan(), run() and
+// index_report() make the plan's device current for their own work only and put back what they found (here none),
+// and still compute the reference result.
+TEST(ApiCuda, TheCallersCurrentContextIsLeftAsItWas) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  Case c = kSmall;
+  c.out_of_range = true;
+  const ref::Inputs in = make_case_inputs(c, 31);
+  Problem p = make_problem(BackendKind::Cuda, c);
+  p.check_indices = true;
+  SMLA_CU(cuda::driver().CtxSetCurrent(nullptr));
+  Runtime rt;  // its own: this plan loads its modules
+  rt.backends();
+  EXPECT_EQ(current_context(), nullptr) << "backends() left a context current";
+  auto plan = rt.plan(p);
+  EXPECT_EQ(current_context(), nullptr) << "plan() left a context current";
+
+  tools::CaseRunner cr(p, in);  // allocates in device 0's primary context, made current
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  SMLA_CU(cuda::driver().CtxSetCurrent(nullptr));
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  EXPECT_EQ(current_context(), nullptr) << "run() left a context current";
+  const auto rep = plan->index_report(ws, cr.stream());
+  EXPECT_EQ(current_context(), nullptr) << "index_report() left a context current";
+  EXPECT_TRUE(rep.has_value());
+
+  cuda::ensure_context();  // the read-back of the outputs copies in the current context
+  const ref::Grads g = ref::backward(in);
+  const tools::Outputs out = cr.read_outputs();
+  expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+  expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
+  expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
+}
+
+// A backend with a side stream whose launch number `fail_at` throws as a driver would; it records the forks and joins.
+class ForkingBackend : public Backend {
+ public:
+  std::string name() const override { return "fake"; }
+  bool usable(std::string*) const override { return true; }
+  int device_count() const override { return 1; }
+  std::string target(int) const override { return "fake"; }
+  const RtcCompiler* compiler() const override { return nullptr; }
+  std::shared_ptr<LoadedKernel> load(const KernelSpec&, const std::vector<uint8_t>&, int) override { return nullptr; }
+  void launch(const LoadedKernel&, const KernelSpec&, const SmlaParams&, void*) override {
+    if (launches++ == fail_at)
+      throw Error(Status::DriverError, "CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure", __FILE__, __LINE__,
+                  "cuLaunchKernel(...)");
+  }
+  PointerKind pointer_kind(const void*) const override { return PointerKind::Device; }
+  size_t max_shared_memory(int) const override { return 0; }
+  void read_back(void*, const void*, size_t, void*) const override {}
+  void* acquire_side_stream(int) override { return &side; }
+  void release_side_stream(int, void* s) override { released = s; }
+  void stream_wait(int, void* waiter, void* on) override { waits.emplace_back(waiter, on); }
+
+  size_t fail_at = 0, launches = 0;
+  int side = 0;
+  void* released = nullptr;
+  std::vector<std::pair<void*, void*>> waits;  // (waiter, on)
+};
+
+// A launch that fails while the side stream is forked: the error names the launch (phase, entry, geometry) and says
+// it may be an earlier asynchronous error, and the side stream is joined back before it returns to the pool (a
+// capture with an unjoined fork could not end).
+TEST(Api, AFailedLaunchIsNamedAndTheSideStreamJoinedBack) {
+  if (!runtime_env().side_stream) GTEST_SKIP() << "SMLA_SIDE_STREAM=0: run() never forks";
+  const Problem p = make_problem(BackendKind::Cpu, kSmall);
+  auto cpu_plan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(p));
+  ASSERT_TRUE(cpu_plan);
+  ForkingBackend be;
+  PlanImpl plan = *cpu_plan;  // the CPU plan's steps and layout, launched through `be`
+  plan.backend_ = &be;
+  size_t first_side = 0;
+  while (first_side < plan.steps_.size() && !plan.steps_[first_side].side) ++first_side;
+  ASSERT_LT(first_side + 1, plan.steps_.size()) << "no side step to fork for";
+  be.fail_at = first_side + 1;  // a main-stream step while csr runs beside it
+  const Step& failing = plan.steps_[be.fail_at];
+  ASSERT_FALSE(failing.side || failing.join);
+
+  tools::CaseRunner cr(p, make_case_inputs(kSmall, 41));
+  void* ws = cr.workspace(plan.workspace_bytes());
+  int main_stream = 0;
+  try {
+    plan.run(cr.tensors(), ws, cr.workspace_size(), &main_stream);
+    ADD_FAILURE() << "the failing launch did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::DriverError);
+    EXPECT_EQ(e.call(), "cuLaunchKernel(...)");
+    const std::string what = e.what();
+    const std::string named = "launch " + std::to_string(be.fail_at) + " of " + std::to_string(plan.steps_.size()) +
+                              " (phase " + phase_name(failing.phase) + ", " + failing.spec.entry + ", grid (";
+    EXPECT_NE(what.find(named), std::string::npos) << what;
+    EXPECT_NE(what.find("CUDA_ERROR_LAUNCH_FAILED"), std::string::npos) << what;
+    EXPECT_NE(what.find("(an earlier asynchronous error of the stream may be reported here)"), std::string::npos) << what;
+  }
+  const std::vector<std::pair<void*, void*>> want{{&be.side, &main_stream}, {&main_stream, &be.side}};
+  EXPECT_EQ(be.waits, want) << "fork then join expected";
+  EXPECT_EQ(be.released, &be.side);
 }
 
 }  // namespace

@@ -238,5 +238,54 @@ TEST(MultiRuntimeCuda, SeqparOverNcclOnTwoDevices) {
   EXPECT_TRUE(ref::meets_bar(cds)) << "d_sink vs one GPU: rel_err " << cds.rel_err;
 }
 
+CUcontext current_context() {
+  CUcontext c = nullptr;
+  SMLA_CU(cuda::driver().CtxGetCurrent(&c));
+  return c;
+}
+
+// A thread with device 0 current (a PyTorch thread) plans and runs for device 1: device 0 stays current throughout,
+// and device 0's memory handed to the device-1 plan is refused by name before anything launches.
+TEST(MultiRuntimeCuda, APlanForAnotherDeviceKeepsTheCallersContextAndRefusesItsMemory) {
+  const int n = cuda_devices();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices, found " << n;
+  const ref::Inputs in = ref::make_inputs(300, 64, 700, 256, true, 9, ref::TopkKind::Benchmark);
+  Problem p = problem(BackendKind::Cuda, 300, 64, 700, 256);
+  p.device = 1;
+  UseDevice use0(0);
+  const CUcontext ctx0 = current_context();
+  Runtime rt;
+  auto plan = rt.plan(p);
+  EXPECT_EQ(current_context(), ctx0) << "plan() for device 1 changed the current context";
+
+  tools::CaseRunner on0(p, in);  // device 0's memory (the current context's)
+  void* ws0 = on0.workspace(plan->workspace_bytes());
+  try {
+    plan->run(on0.tensors(), ws0, on0.workspace_size(), on0.stream());
+    ADD_FAILURE() << "a plan for device 1 accepted device 0's memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Tensors::q: expected memory on device 1 (got device 0)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(current_context(), ctx0);
+
+  tools::Outputs out;
+  {
+    UseDevice use1(1);  // CaseRunner allocates in the current context: device 1's
+    const CUcontext ctx1 = current_context();
+    tools::CaseRunner on1(p, in);
+    void* ws1 = on1.workspace(plan->workspace_bytes());
+    on1.poison_outputs();
+    SMLA_CU(cuda::driver().CtxSetCurrent(ctx0));
+    plan->run(on1.tensors(), ws1, on1.workspace_size(), on1.stream());
+    EXPECT_EQ(current_context(), ctx0) << "run() for device 1 left device 1's context current";
+    SMLA_CU(cuda::driver().CtxSetCurrent(ctx1));
+    out = on1.read_outputs();
+  }
+  SMLA_CU(cuda::driver().CtxSetCurrent(ctx0));  // on0 frees in its own context
+  expect_reference(p, in, out);
+}
+
 }  // namespace
 }  // namespace smla

@@ -111,6 +111,29 @@ void check(CUresult r, const char* call, const char* file, int line) {
               file, line, call);
 }
 
+bool is_binary_refusal(const Error& e) {
+  if (e.status() != Status::DriverError) return false;
+  // check() starts the message with the result's name, or "CUDA error <code>" when the driver
+  // could not name it.
+  struct Refusal {
+    CUresult code;
+    const char* name;
+  };
+#define SMLA_REFUSAL(r) Refusal{r, #r}
+  static const Refusal refusals[] = {
+      SMLA_REFUSAL(CUDA_ERROR_INVALID_IMAGE),   SMLA_REFUSAL(CUDA_ERROR_NO_BINARY_FOR_GPU),
+      SMLA_REFUSAL(CUDA_ERROR_INVALID_PTX),     SMLA_REFUSAL(CUDA_ERROR_UNSUPPORTED_PTX_VERSION),
+      SMLA_REFUSAL(CUDA_ERROR_INVALID_SOURCE),  SMLA_REFUSAL(CUDA_ERROR_JIT_COMPILER_NOT_FOUND),
+      SMLA_REFUSAL(CUDA_ERROR_JIT_COMPILATION_DISABLED)};
+#undef SMLA_REFUSAL
+  const std::string& m = e.message();
+  for (const Refusal& r : refusals) {
+    for (const std::string& head : {std::string(r.name), "CUDA error " + std::to_string(int(r.code))})
+      if (m.compare(0, head.size(), head) == 0 && m.size() > head.size() && m[head.size()] == ':') return true;
+  }
+  return false;
+}
+
 std::string cuda_include_dir() {
   std::vector<std::string> cands{env_or("SMLA_CUDA_INCLUDE")};
   for (const char* root : {"CUDA_HOME", "CUDA_PATH"})

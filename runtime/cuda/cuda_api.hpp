@@ -79,3 +79,35 @@ std::string cuda_include_dir();
 }  // namespace smla::cuda
 
 #define SMLA_CU(call) ::smla::cuda::check((call), #call, __FILE__, __LINE__)
+
+namespace smla::cuda {
+
+/// Makes `ctx` current for the scope and puts the caller's context back at its end, also on a
+/// throw: a framework thread (PyTorch) keeps the device it had current. One cuCtxGetCurrent when
+/// `ctx` is current already (launches).
+class ContextScope {
+ public:
+  explicit ContextScope(CUcontext ctx) {
+    SMLA_CU(driver().CtxGetCurrent(&prev_));
+    if (prev_ != ctx) {
+      SMLA_CU(driver().CtxSetCurrent(ctx));
+      switched_ = true;
+    }
+  }
+  ~ContextScope() {
+    if (switched_) driver().CtxSetCurrent(prev_);  // best effort: a destructor must not throw
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  CUcontext prev_ = nullptr;
+  bool switched_ = false;
+};
+
+/// Whether an error of cuModuleLoadData / cuModuleGetFunction means the driver refused the
+/// binary itself (built for another device or a newer toolkit, corrupt, no JIT): recompiling may
+/// help. Out of memory, launch limits and the like do not count.
+bool is_binary_refusal(const Error& e);
+
+}  // namespace smla::cuda

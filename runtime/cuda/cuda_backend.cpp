@@ -15,9 +15,11 @@ struct CudaKernel : LoadedKernel {
   int device = 0;
   unsigned sms = 0;  // the device's SMs, for a persistent kernel's grid (KernelSpec::persistent)
   ~CudaKernel() override {
-    if (module) {
-      driver().CtxSetCurrent(ctx);
-      driver().ModuleUnload(module);  // best effort: a destructor must not throw
+    if (!module) return;
+    try {  // best effort: a destructor must not throw
+      ContextScope use(ctx);
+      driver().ModuleUnload(module);
+    } catch (...) {
     }
   }
 };
@@ -35,9 +37,13 @@ CudaBackend::CudaBackend() = default;
 
 CudaBackend::~CudaBackend() {
   for (size_t i = 0; i < side_.size() && i < ctx_.size(); ++i) {  // best effort: a destructor must not throw
-    if (!ctx_[i] || driver().CtxSetCurrent(ctx_[i]) != CUDA_SUCCESS) continue;
-    for (CUstream s : side_[i].free) driver().StreamDestroy(s);
-    if (side_[i].event) driver().EventDestroy(side_[i].event);
+    if (!ctx_[i]) continue;
+    try {
+      ContextScope use(ctx_[i]);
+      for (CUstream s : side_[i].free) driver().StreamDestroy(s);
+      if (side_[i].event) driver().EventDestroy(side_[i].event);
+    } catch (...) {
+    }
   }
   for (size_t i = 0; i < ctx_.size(); ++i) {
     CUdevice dev;
@@ -60,51 +66,47 @@ int CudaBackend::device_count() const {
   return n;
 }
 
-void CudaBackend::make_current(int device) const {
+CUdevice CudaBackend::device_handle(int device) const {
   std::string why;
   if (!usable(&why)) SMLA_THROW(Status::NoBackend, "the CUDA backend is not usable here: " + why);
-  CUcontext c = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (device < 0 || device >= device_count())
-      SMLA_THROW(Status::InvalidArgument, "device " + std::to_string(device) + " does not exist (" +
-                                              std::to_string(device_count()) + " CUDA devices)");
-    if ((int)ctx_.size() <= device) ctx_.resize(device + 1, nullptr);
-    if (!ctx_[device]) {
-      CUdevice dev;
-      SMLA_CU(driver().DeviceGet(&dev, device));
-      SMLA_CU(driver().DevicePrimaryCtxRetain(&ctx_[device], dev));
-    }
-    c = ctx_[device];
-  }
-  SMLA_CU(driver().CtxSetCurrent(c));
+  if (device < 0 || device >= device_count())
+    SMLA_THROW(Status::InvalidArgument, "device " + std::to_string(device) + " does not exist (" +
+                                            std::to_string(device_count()) + " CUDA devices)");
+  CUdevice dev;
+  SMLA_CU(driver().DeviceGet(&dev, device));
+  return dev;
 }
 
+CUcontext CudaBackend::context(int device) const {
+  const CUdevice dev = device_handle(device);
+  std::lock_guard<std::mutex> lock(mu_);
+  if ((int)ctx_.size() <= device) ctx_.resize(device + 1, nullptr);
+  if (!ctx_[device]) SMLA_CU(driver().DevicePrimaryCtxRetain(&ctx_[device], dev));
+  return ctx_[device];
+}
+
+// Attributes need no context: backends() and plan() create none just to read them.
 std::string CudaBackend::target(int device) const {
-  make_current(device);
-  CUdevice dev;
+  const CUdevice dev = device_handle(device);
   int major = 0, minor = 0;
-  SMLA_CU(driver().DeviceGet(&dev, device));
   SMLA_CU(driver().DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   SMLA_CU(driver().DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   return target_for_cc(major, minor);
 }
 
 size_t CudaBackend::max_shared_memory(int device) const {
-  make_current(device);
-  CUdevice dev;
+  const CUdevice dev = device_handle(device);
   int v = 0;
-  SMLA_CU(driver().DeviceGet(&dev, device));
   SMLA_CU(driver().DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
   return (size_t)v;
 }
 
 std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                                 int device) {
-  make_current(device);
   auto k = std::make_shared<CudaKernel>();
   k->device = device;
-  SMLA_CU(driver().CtxGetCurrent(&k->ctx));
+  k->ctx = context(device);
+  ContextScope use(k->ctx);
   SMLA_CU(driver().ModuleLoadData(&k->module, binary.data()));
   SMLA_CU(driver().ModuleGetFunction(&k->fn, k->module, spec.entry.c_str()));
   // A launch spec that drifted from its kernel's __launch_bounds__ fails here, by name, at plan
@@ -148,27 +150,53 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
 
 void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
   const auto& k = static_cast<const CudaKernel&>(lk);
-  SMLA_CU(driver().CtxSetCurrent(k.ctx));
+  ContextScope use(k.ctx);
   void* args[] = {const_cast<SmlaParams*>(&p)};
   const unsigned gx = spec.persistent ? std::min(spec.grid.x, k.sms) : spec.grid.x;
   SMLA_CU(driver().LaunchKernel(k.fn, gx, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
                                 spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
 }
 
+namespace {
+// cuPointerGetAttribute on unified addresses needs no current context (checked on the H200 by
+// ApiCuda.TheCallersCurrentContextIsLeftAsItWas); should a driver want one, the query is asked
+// again with device 0's primary context current, and the caller's put back.
+CUresult pointer_attribute(const CudaBackend& be, void* out, CUpointer_attribute a, const void* ptr) {
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  CUresult r = driver().PointerGetAttribute(out, a, p);
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    ContextScope use(be.context(0));
+    r = driver().PointerGetAttribute(out, a, p);
+  }
+  return r;
+}
+}  // namespace
+
 PointerKind CudaBackend::pointer_kind(const void* ptr) const {
   if (!driver().ok || !ptr) return PointerKind::Unknown;
   unsigned int type = 0;
-  CUresult r = driver().PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                            reinterpret_cast<CUdeviceptr>(ptr));
-  if (r != CUDA_SUCCESS) return PointerKind::Host;  // not known to CUDA: plain host memory
+  const CUresult r = pointer_attribute(*this, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr);
+  if (r == CUDA_ERROR_INVALID_VALUE) return PointerKind::Host;  // not known to CUDA: plain host memory
+  check(r, "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)", __FILE__, __LINE__);
   return (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED) ? PointerKind::Device : PointerKind::Host;
+}
+
+int CudaBackend::other_device(const void* ptr, int device) const {
+  if (!driver().ok || !ptr) return -1;
+  int ordinal = -1;
+  SMLA_CU(pointer_attribute(*this, &ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr));
+  if (ordinal < 0 || ordinal == device) return -1;
+  // Managed memory migrates to whichever device touches it; asked only on a mismatch (run() is hot).
+  unsigned int managed = 0;
+  SMLA_CU(pointer_attribute(*this, &managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr));
+  return managed ? -1 : ordinal;
 }
 
 // A pooled stream whose capture status is "none": one left joined to a capture that is still open
 // (the caller captured the run into a graph and has not ended the capture) stays in the pool
 // untouched until that capture ends, so two captures, or a capture and a plain run, never share one.
 void* CudaBackend::acquire_side_stream(int device) {
-  make_current(device);
+  ContextScope use(context(device));
   std::lock_guard<std::mutex> lock(side_mu_);
   if ((int)side_.size() <= device) side_.resize(device + 1);
   Side& sd = side_[device];
@@ -195,7 +223,7 @@ void CudaBackend::release_side_stream(int device, void* stream) {
 }
 
 void CudaBackend::stream_wait(int device, void* waiter, void* on) {
-  make_current(device);
+  ContextScope use(context(device));
   std::lock_guard<std::mutex> lock(side_mu_);  // record + wait of the one event as a pair
   if ((int)side_.size() <= device) side_.resize(device + 1);
   Side& sd = side_[device];
@@ -205,11 +233,15 @@ void CudaBackend::stream_wait(int device, void* waiter, void* on) {
   SMLA_CU(driver().StreamWaitEvent(static_cast<CUstream>(waiter), sd.event, 0));
 }
 
-}  // namespace smla::cuda
-
-namespace smla::cuda {
+// The copy runs in the context of the device that holds `src` (the plan's workspace): the caller's
+// thread may have another device's context current, or none.
 void CudaBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {
+  const auto at = reinterpret_cast<CUdeviceptr>(src);
+  int ordinal = -1;
+  SMLA_CU(driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at));
+  ContextScope use(context(ordinal));
   SMLA_CU(driver().StreamSynchronize(static_cast<CUstream>(stream)));
-  SMLA_CU(driver().MemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
+  SMLA_CU(driver().MemcpyDtoH(dst, at, bytes));
 }
+
 }  // namespace smla::cuda

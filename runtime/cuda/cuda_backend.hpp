@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include "../backend.hpp"
+#include "cuda_api.hpp"
 #include "nvrtc_compiler.hpp"
 
 namespace smla::cuda {
@@ -22,18 +23,25 @@ class CudaBackend : public Backend {
   const RtcCompiler* compiler() const override { return &compiler_; }
   std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                      int device) override;
+  bool is_binary_refusal(const Error& e) const override { return cuda::is_binary_refusal(e); }
   void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
   PointerKind pointer_kind(const void* ptr) const override;
+  int other_device(const void* ptr, int device) const override;
   size_t max_shared_memory(int device) const override;
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
   void* acquire_side_stream(int device) override;
   void release_side_stream(int device, void* stream) override;
   void stream_wait(int device, void* waiter, void* on) override;
 
-  /// Makes the device's primary context current on this thread (retained once per device).
-  void make_current(int device) const;
+  /// The device's primary context (retained once per device), for a ContextScope: never left
+  /// current on the caller's thread.
+  CUcontext context(int device) const;
 
  private:
+  /// The device's handle, for queries that need no context (attributes); throws for a device
+  /// that does not exist.
+  CUdevice device_handle(int device) const;
+
   NvrtcCompiler compiler_;
   mutable std::mutex mu_;
   mutable std::vector<CUcontext> ctx_;

@@ -8,11 +8,30 @@
 
 namespace smla::cuda {
 
+/// Gives a thread with no current context device 0's primary context, as the CUDA runtime would:
+/// plan() and run() put the caller's context back as they found it, so a tool's first buffer can
+/// no longer count on them having left one. Retained once, never released (like the runtime's).
+inline void ensure_context() {
+  CUcontext c = nullptr;
+  SMLA_CU(driver().CtxGetCurrent(&c));
+  if (c) return;
+  static const CUcontext primary = [] {
+    CUdevice dev = 0;
+    CUcontext p = nullptr;
+    SMLA_CU(driver().DeviceGet(&dev, 0));
+    SMLA_CU(driver().DevicePrimaryCtxRetain(&p, dev));
+    return p;
+  }();
+  SMLA_CU(driver().CtxSetCurrent(primary));
+}
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) SMLA_CU(driver().MemAlloc(&ptr_, bytes));
+    if (!bytes) return;
+    ensure_context();
+    SMLA_CU(driver().MemAlloc(&ptr_, bytes));
   }
   ~DeviceBuffer() {
     if (ptr_) driver().MemFree(ptr_);
@@ -57,7 +76,10 @@ class DeviceBuffer {
 
 class Stream {
  public:
-  Stream() { SMLA_CU(driver().StreamCreate(&s_, CU_STREAM_NON_BLOCKING)); }
+  Stream() {
+    ensure_context();
+    SMLA_CU(driver().StreamCreate(&s_, CU_STREAM_NON_BLOCKING));
+  }
   ~Stream() { driver().StreamDestroy(s_); }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -70,7 +92,10 @@ class Stream {
 
 class Event {
  public:
-  Event() { SMLA_CU(driver().EventCreate(&e_, CU_EVENT_DEFAULT)); }
+  Event() {
+    ensure_context();
+    SMLA_CU(driver().EventCreate(&e_, CU_EVENT_DEFAULT));
+  }
   ~Event() { driver().EventDestroy(e_); }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
