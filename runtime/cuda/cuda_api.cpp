@@ -2,6 +2,8 @@
 #include "cuda_api.hpp"
 
 #include <dlfcn.h>
+
+#include <cstring>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -47,8 +49,15 @@ const Driver& driver() {
       d.why = "the CUDA driver (libcuda.so.1) could not be opened: " + err;
       return;
     }
+    // cuda.h 13 names cuEventElapsedTime_v2 (drivers >= 12.8); older drivers have only the unversioned one, with the
+    // same signature. Only timing (smla-bench, tests) uses it: without this fallback the whole backend was unusable on
+    // an R535/R550 driver for its sake.
+    auto fallback = [h](const char* sym) -> void* {
+      return std::strcmp(sym, "cuEventElapsedTime_v2") == 0 ? dlsym(h, "cuEventElapsedTime") : nullptr;
+    };
 #define SMLA_LOAD(member, sym)                                               \
   d.member = reinterpret_cast<decltype(d.member)>(dlsym(h, SMLA_STR(sym)));  \
+  if (!d.member) d.member = reinterpret_cast<decltype(d.member)>(fallback(SMLA_STR(sym))); \
   if (!d.member) {                                                           \
     d.why = std::string("libcuda has no symbol ") + SMLA_STR(sym);            \
     return;                                                                  \
