@@ -70,7 +70,10 @@ for k in $kernels; do
   "$ncu" --import "$work/$k.ncu-rep" --page source --csv --print-source sass > "$work/${k}_sass.csv" 2>&1
   python3 - "$work/${k}_details.csv" "$k" <<'PY'
 import csv, sys
-want = ("Duration", "SM Frequency", "DRAM Throughput", "Compute (SM) Throughput")
+# L2 and L1 throughput (% of peak) answer perf notes v22's question: is dq's start-up wait L2 bandwidth shared with
+# the kv gathers (then fewer L2 bytes is the lever) or latency (then prefetching is)?
+want = ("Duration", "SM Frequency", "DRAM Throughput", "Compute (SM) Throughput", "L2 Cache Throughput",
+        "L1/TEX Cache Throughput", "Memory Throughput")
 for r in csv.DictReader(open(sys.argv[1])):
     if r.get("Metric Name") in want and r.get("Section Name", "").startswith("GPU Speed Of Light"):
         print(f"{sys.argv[2]}: {r['Metric Name']} {r['Metric Value']} {r['Metric Unit']}")
