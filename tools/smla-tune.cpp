@@ -363,8 +363,7 @@ int main(int argc, char** argv) {
       "reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed\n"
       "at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by target, H, topk,\n"
-      "sink, lse convention and the\n"
-      "power-of-two buckets of T and num_kv.");
+      "sink, lse convention, dkv dtype and the power-of-two buckets of T and num_kv.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)");
