@@ -1,10 +1,10 @@
 // plan.cpp: Plan::run: validate the tensors, point the params at them and the workspace, launch.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "check.hpp"
 #include "env.hpp"
@@ -25,9 +25,10 @@ namespace {
   arg_error("Tensors::" + name, expected, Status::InvalidArgument, file, line);
 }
 
-// `name`: the argument as the caller knows it ("Tensors::q", "run(): workspace"); `device`: the plan's.
-void check_ptr(const Backend& be, int device, const void* ptr, const std::string& name, size_t align,
-               bool required = true, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+// `name`: the argument as the caller knows it ("Tensors::q", "run(): workspace"); `device`: the plan's. run() calls
+// this for every tensor: nothing is built (no string, no allocation) unless the check fails.
+void check_ptr(const Backend& be, int device, const void* ptr, const char* name, size_t align, bool required = true,
+               const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   if (!ptr) {
     if (required) arg_error(name, "a non-null pointer", Status::InvalidArgument, file, line);
     return;
@@ -38,25 +39,21 @@ void check_ptr(const Backend& be, int device, const void* ptr, const std::string
                   std::to_string(reinterpret_cast<uintptr_t>(ptr) % align) + " bytes off)",
               Status::InvalidArgument, file, line);
   const PointerKind k = be.pointer_kind(ptr);
-  if (be.name() == "cpu" && k == PointerKind::Device)
+  const bool cpu = be.name() == "cpu";
+  if (cpu && k == PointerKind::Device)
     arg_error(name, "host memory for the cpu backend (got a device pointer)", Status::InvalidArgument, file, line);
-  if (be.name() == "cpu" && k == PointerKind::Unreadable)  // the phases would fault reading it
+  if (cpu && k == PointerKind::Unreadable)  // the phases would fault reading it
     arg_error(name, "host memory readable by this process for the cpu backend (device memory?)",
               Status::InvalidArgument, file, line);
-  if (be.name() != "cpu" && k == PointerKind::Host)
+  if (!cpu && k == PointerKind::Host)
     arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)", Status::InvalidArgument,
               file, line);
-  if (be.name() != "cpu" && k == PointerKind::Device) {
+  if (!cpu && k == PointerKind::Device) {
     const int other = be.other_device(ptr, device);
     if (other >= 0)
       arg_error(name, "memory on device " + std::to_string(device) + " (got device " + std::to_string(other) + ")",
                 Status::InvalidArgument, file, line);
   }
-}
-
-void check_tensor_ptr(const Backend& be, int device, const void* ptr, const char* name, size_t align,
-                      bool required = true, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  check_ptr(be, device, ptr, std::string("Tensors::") + name, align, required, file, line);
 }
 
 int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least,
@@ -78,11 +75,11 @@ void check_dtype(DType given, DType expected, const char* name, const char* file
 
 // The bytes [lo, hi) of a tensor of n_t x n_h rows of `row` elements at strides st, sh (elements).
 struct Span {
-  std::string name;
+  const char* name;
   uintptr_t lo = 0, hi = 0;
 };
 
-Span span_of(const std::string& name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
+Span span_of(const char* name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
              size_t elem) {
   Span s{name, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(ptr)};
   if (ptr) s.hi = s.lo + static_cast<uintptr_t>(((n_t - 1) * st + (n_h - 1) * sh + row) * int64_t(elem));
@@ -104,12 +101,14 @@ void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* 
     int64_t n, s;
     const char* name;
   };
-  std::vector<Dim> dims;
-  if (n_t > 1) dims.push_back({n_t, st, st_name});
-  if (n_h > 1) dims.push_back({n_h, sh, sh_name});
-  std::sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.s < b.s; });
+  Dim dims[2];  // the dimensions of more than one row, in stride order
+  int nd = 0;
+  if (n_t > 1) dims[nd++] = {n_t, st, st_name};
+  if (n_h > 1) dims[nd++] = {n_h, sh, sh_name};
+  if (nd == 2 && dims[1].s < dims[0].s) std::swap(dims[0], dims[1]);
   int64_t extent = row;
-  for (const Dim& d : dims) {
+  for (int i = 0; i < nd; ++i) {
+    const Dim& d = dims[i];
     if (d.s < extent)
       tensor_error(d.name, "a stride >= " + std::to_string(extent) + " elements: at " + std::to_string(d.s) + " the " +
                                name + " rows of different " + (d.name == st_name ? "tokens" : "heads") +
@@ -120,17 +119,19 @@ void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* 
 
 // No output (the workspace is one) may share a byte with an input or another output: the phases read their inputs after
 // other phases wrote outputs, and the outputs are written by many threads at once.
-void check_no_overlap(const std::vector<Span>& outputs, const std::vector<Span>& others) {
+template <size_t NO, size_t NI>
+void check_no_overlap(const std::array<Span, NO>& outputs, const std::array<Span, NI>& others) {
   auto clash = [](const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; };
-  for (size_t i = 0; i < outputs.size(); ++i) {
+  for (size_t i = 0; i < NO; ++i) {
     const Span& a = outputs[i];
     if (a.lo == a.hi) continue;
     auto check = [&](const Span& b) {
       if (b.lo != b.hi && clash(a, b))
-        arg_error(a.name, "memory that does not overlap " + b.name + " (" + a.name + " spans [" + hex(a.lo) + ", " +
-                              hex(a.hi) + "), " + b.name + " [" + hex(b.lo) + ", " + hex(b.hi) + "))");
+        arg_error(a.name, std::string("memory that does not overlap ") + b.name + " (" + a.name + " spans [" +
+                              hex(a.lo) + ", " + hex(a.hi) + "), " + b.name + " [" + hex(b.lo) + ", " + hex(b.hi) +
+                              "))");
     };
-    for (size_t j = i + 1; j < outputs.size(); ++j) check(outputs[j]);
+    for (size_t j = i + 1; j < NO; ++j) check(outputs[j]);
     for (const Span& b : others) check(b);
   }
 }
@@ -167,17 +168,17 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   check_dtype(dt.d_sink, DType::F32, "d_sink");
   // bf16 rows are read 16 bytes at a time: 16-byte aligned bases, strides a multiple of 8.
   const int dev = p.device;
-  check_tensor_ptr(be, dev, t.q, "q", 16);
-  check_tensor_ptr(be, dev, t.kv, "kv", 16);
-  check_tensor_ptr(be, dev, t.o, "o", 16);
-  check_tensor_ptr(be, dev, t.dout, "dout", 16);
-  check_tensor_ptr(be, dev, t.lse, "lse", 4);
-  check_tensor_ptr(be, dev, t.topk, "topk", 4);
-  check_tensor_ptr(be, dev, t.dq, "dq", 16);
-  check_tensor_ptr(be, dev, t.dkv, "dkv", 16);
+  check_ptr(be, dev, t.q, "Tensors::q", 16);
+  check_ptr(be, dev, t.kv, "Tensors::kv", 16);
+  check_ptr(be, dev, t.o, "Tensors::o", 16);
+  check_ptr(be, dev, t.dout, "Tensors::dout", 16);
+  check_ptr(be, dev, t.lse, "Tensors::lse", 4);
+  check_ptr(be, dev, t.topk, "Tensors::topk", 4);
+  check_ptr(be, dev, t.dq, "Tensors::dq", 16);
+  check_ptr(be, dev, t.dkv, "Tensors::dkv", 16);
   if (p.has_sink) {
-    check_tensor_ptr(be, dev, t.attn_sink, "attn_sink", 4);
-    check_tensor_ptr(be, dev, t.d_sink, "d_sink", 4);
+    check_ptr(be, dev, t.attn_sink, "Tensors::attn_sink", 4);
+    check_ptr(be, dev, t.d_sink, "Tensors::d_sink", 4);
   } else if (t.attn_sink || t.d_sink) {
     tensor_error(t.attn_sink ? "attn_sink" : "d_sink", "null, since Problem::has_sink is false");
   }
@@ -221,12 +222,12 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   {
     const int64_t T = p.T, K = p.num_kv;
     const size_t dkv_elem = p.dkv_fp32 ? 4 : 2;
-    const std::vector<Span> outputs{span_of("Tensors::dq", t.dq, T, s.dq_st, H, s.dq_sh, D, 2),
+    const std::array<Span, 4> outputs{span_of("Tensors::dq", t.dq, T, s.dq_st, H, s.dq_sh, D, 2),
                                     span_of("Tensors::dkv", t.dkv, K, s.dkv_s, 1, 0, D, dkv_elem),
                                     span_of("Tensors::d_sink", p.has_sink ? t.d_sink : nullptr, 1, 0, 1, 0, H, 4),
                                     span_of("run(): workspace", layout_.total ? workspace : nullptr, 1, 0, 1, 0,
                                             int64_t(layout_.total), 1)};
-    const std::vector<Span> inputs{
+    const std::array<Span, 7> inputs{
         span_of("Tensors::q", t.q, T, s.q_st, H, s.q_sh, D, 2),
         span_of("Tensors::kv", t.kv, K, s.kv_s, 1, 0, D, 2),
         span_of("Tensors::o", t.o, T, s.o_st, H, s.o_sh, D, 2),
