@@ -64,9 +64,10 @@ inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
     if (c.scale) in.scale = c.scale;
     if (c.neg_inf_sink && c.sink) {
       in.sink[1] = in.sink[size_t(c.H) - 1] = -std::numeric_limits<float>::infinity();
-      for (int r = 0; r < c.topk; ++r) in.topk[size_t(c.T - 1) * c.topk + r] = -1;  // the last token: no slot
+      ref::make_rows_empty(in, {c.T - 1});  // the last token: no slot (o and lse recomputed, as below)
+    } else {
+      ref::forward(in);  // o and lse for the new scale
     }
-    ref::forward(in);  // o and lse for the new scale / sink / top-k
   }
   return in;
 }
