@@ -23,17 +23,25 @@ static void expect_works_in_memory(DiskCache& cache) {
   EXPECT_EQ(c.calls, 2);
 }
 
+// A cache at `dir` that cannot be written: said once in the log, each of `also` there as often as given, and it
+// still works, in memory.
+static void expect_unwritable(const TempDir& t, const std::string& dir,
+                       const std::vector<std::pair<std::string, int>>& also = {}) {
+  Settings s = settings_for(t);
+  s.dir = dir;
+  LogCapture log;
+  DiskCache cache(s);
+  EXPECT_FALSE(cache.writable()) << dir;
+  EXPECT_EQ(log.count("cannot write cache directory"), 1) << log.text();
+  for (const auto& [needle, n] : also) EXPECT_EQ(log.count(needle), n) << needle << " in: " << log.text();
+  expect_works_in_memory(cache);
+}
+
 // /proc refuses new entries even to root, so this is a truly unwritable directory in CI (which
 // runs as root, where chmod would not stop anything).
 TEST(Degraded, UnwritableDirectory) {
   TempDir t;
-  Settings s = settings_for(t);
-  s.dir = "/proc";
-  LogCapture log;
-  DiskCache cache(s);
-  EXPECT_FALSE(cache.writable());
-  EXPECT_EQ(log.count("cannot write cache directory"), 1) << log.text();
-  expect_works_in_memory(cache);
+  expect_unwritable(t, "/proc");
 }
 
 // A populated directory made read-only with chmod: hits are still served. Root ignores file
@@ -115,15 +123,7 @@ TEST(Degraded, MissingParentIsCreated) {
 TEST(Degraded, FileWhereTheDirectoryShouldBe) {
   TempDir t;
   std::ofstream(t / "cache") << "not a directory";
-  for (std::string dir : {t / "cache", t / "cache/sub"}) {
-    Settings s = settings_for(t);
-    s.dir = dir;
-    LogCapture log;
-    DiskCache cache(s);
-    EXPECT_FALSE(cache.writable()) << dir;
-    EXPECT_EQ(log.count("cannot write cache directory"), 1) << log.text();
-    expect_works_in_memory(cache);
-  }
+  for (std::string dir : {t / "cache", t / "cache/sub"}) expect_unwritable(t, dir);
   EXPECT_EQ(slurp(t / "cache"), "not a directory") << "the file in the way is left alone";
 }
 
@@ -134,17 +134,8 @@ TEST(Degraded, DanglingSymlinkIsNamed) {
   ASSERT_EQ(::symlink((t / "gone/cache").c_str(), (t / "link").c_str()), 0);
   ASSERT_EQ(::mkdir((t / "real").c_str(), 0755), 0);
   ASSERT_EQ(::symlink((t / "gone/entries").c_str(), (t / "real/entries").c_str()), 0);
-  for (std::string dir : {t / "link", t / "link/sub", t / "real"}) {
-    Settings s = settings_for(t);
-    s.dir = dir;
-    LogCapture log;
-    DiskCache cache(s);
-    EXPECT_FALSE(cache.writable()) << dir;
-    EXPECT_EQ(log.count("cannot write cache directory"), 1) << log.text();
-    EXPECT_EQ(log.count("is a dangling symlink to " + t / "gone/"), 1) << log.text();
-    EXPECT_EQ(log.count("File exists"), 0) << log.text();
-    expect_works_in_memory(cache);
-  }
+  for (std::string dir : {t / "link", t / "link/sub", t / "real"})
+    expect_unwritable(t, dir, {{"is a dangling symlink to " + t / "gone/", 1}, {"File exists", 0}});
   EXPECT_FALSE(fs::exists(t / "gone")) << "the link's target is not created behind the user's back";
 }
 
