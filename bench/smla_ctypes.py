@@ -125,7 +125,7 @@ class Runtime:
         p.has_sink = 1 if has_sink else 0
         p.scale = scale
         p.r_chunk = r_chunk
-        p.lse_base2 = 1 if lse_base2 else 0  # the FlashMLA / TileLang convention: log2 of the sum of exp2
+        p.lse_base2 = 1 if lse_base2 else 0  # TileLang's example forward's convention: log2 of the sum of exp2
         p.lse_excludes_sink = 1 if lse_excludes_sink else 0
         p.backend = BACKENDS[backend]
         p.device = device

@@ -2,6 +2,7 @@
 #include "smla/smla.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -130,7 +131,8 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     smla::Problem q;
     q.T = p->T, q.H = p->H, q.num_kv = p->num_kv, q.topk = p->topk, q.head_dim = p->head_dim;
     q.has_sink = p->has_sink != 0;
-    if (!(p->scale <= 0)) q.scale = p->scale;  // <= 0: the default; NaN and inf go on to be refused by name
+    // <= 0: the default; NaN and +-inf go on to be refused by name (-inf is not "a scale <= 0")
+    if (!(p->scale <= 0) || std::isinf(p->scale)) q.scale = p->scale;
     q.r_chunk = p->r_chunk;
     q.lse.base2 = p->lse_base2 != 0;
     q.lse.includes_sink = p->lse_excludes_sink == 0;

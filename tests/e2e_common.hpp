@@ -13,7 +13,9 @@
 
 namespace smla::test {
 
-enum class LseKind { Aiter, FlashMla, Base2Incl };
+// How the caller's lse is given: aiter (natural, sink included), FlashMLA's sparse forward (natural, sink
+// excluded, +inf for a token with no valid slot), base 2 without the sink (TileLang's example forward), base 2 with.
+enum class LseKind { Aiter, FlashMla, Base2Excl, Base2Incl };
 
 struct Case {
   int T, H, num_kv, topk, r_chunk;
@@ -35,7 +37,10 @@ inline std::string describe(const Case& c) {
   s << "T=" << c.T << " H=" << c.H << " num_kv=" << c.num_kv << " topk=" << c.topk << " r_chunk=" << c.r_chunk
     << (c.sink ? " sink" : " no-sink") << (c.kind == ref::TopkKind::Benchmark ? " bench-topk" : " uniform-topk")
     << (c.empty_rows ? " empty-rows" : "") << (c.repeats ? " repeats" : "")
-    << (c.lse == LseKind::FlashMla ? " lse=base2-excl" : c.lse == LseKind::Base2Incl ? " lse=base2-incl" : "")
+    << (c.lse == LseKind::FlashMla    ? " lse=flashmla"
+        : c.lse == LseKind::Base2Excl ? " lse=base2-excl"
+        : c.lse == LseKind::Base2Incl ? " lse=base2-incl"
+                                      : "")
     << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "")
     << (c.scale ? " scale=" + std::to_string(c.scale) : "") << (c.strided ? " strided" : "")
     << (c.dkv_fp32 ? " dkv-fp32" : "") << (c.neg_inf_sink ? " -inf-sink" : "");
@@ -79,13 +84,15 @@ inline Problem make_problem(BackendKind b, const Case& c) {
   p.backend = b;
   if (c.scale) p.scale = c.scale;
   p.dkv_fp32 = c.dkv_fp32;
-  if (c.lse == LseKind::FlashMla) p.lse = {true, false};
+  if (c.lse == LseKind::FlashMla) p.lse = {false, false};
+  if (c.lse == LseKind::Base2Excl) p.lse = {true, false};
   if (c.lse == LseKind::Base2Incl) p.lse = {true, true};
   return p;
 }
 
 inline std::vector<float> case_lse(const Case& c, const ref::Inputs& in) {
-  if (c.lse == LseKind::FlashMla) return ref::lse_in_mode(in, true, true);
+  if (c.lse == LseKind::FlashMla) return ref::lse_flashmla(in);
+  if (c.lse == LseKind::Base2Excl) return ref::lse_in_mode(in, true, true);
   if (c.lse == LseKind::Base2Incl) return ref::lse_in_mode(in, true, false);
   return in.lse;
 }

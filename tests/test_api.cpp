@@ -311,7 +311,7 @@ TEST(CApi, ReportsStatusAndMessage) {
   smla_runtime_destroy(rt);
 }
 
-// The C API's edges: a NaN or infinite scale is refused (it became the default), a struct_size that cuts a field is
+// The C API's edges: a NaN or infinite scale (either sign) is refused (it became the default), a struct_size that cuts a field is
 // refused (it read half of one), a call that succeeds clears the last error, a plan outlives its runtime, and the
 // library says its version.
 TEST(CApi, EdgesOfTheCApi) {
@@ -322,7 +322,8 @@ TEST(CApi, EdgesOfTheCApi) {
   smla_problem_init(&pb);
   pb.T = 16, pb.H = 16, pb.num_kv = 32, pb.topk = 64, pb.has_sink = 1, pb.backend = SMLA_BACKEND_CPU;
   smla_plan_t* plan = nullptr;
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
     pb.scale = bad;
     EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << bad;
     EXPECT_NE(std::string(smla_last_error()).find("scale"), std::string::npos) << smla_last_error();

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "kernel_src/smla_params.h"
@@ -352,4 +354,29 @@ TEST(CpuPhases, EmptyTokensAndRepeatedIndices) {
     for (int t : {0, 17, 62})
       for (int i = 0; i < 16 * D; ++i) ASSERT_EQ(out.dq[size_t(t) * 16 * D + i] & 0x7fff, 0) << t;
   }
+}
+
+// A NaN sink under the sink-excluding lse: NaN in that head's dq and d_sink, as the GPU kernels give (the lse
+// conversion used to drop the NaN and halve that head's probabilities: finite, wrong numbers), other heads untouched.
+TEST(CpuPhases, NanSinkWithSinkExcludedLsePropagates) {
+  Inputs in = make_inputs(40, 16, 90, 64, true, 61, TopkKind::Uniform);
+  const int nan_head = 2;
+  in.sink[nan_head] = std::numeric_limits<float>::quiet_NaN();
+  Options o;
+  o.lse_mode = SMLA_LSE_EXCLUDES_SINK;
+  Outputs out = run_phases(in, lse_in_mode(in, false, true), o);
+  for (int h = 0; h < 16; ++h) {
+    size_t nonfinite = 0;
+    for (int t = 0; t < 40; ++t)
+      for (int d = 0; d < D; ++d)
+        nonfinite += !std::isfinite(smla::bf16_to_float(out.dq[(size_t(t) * 16 + h) * D + d]));
+    if (h == nan_head) {
+      EXPECT_EQ(nonfinite, size_t(40) * D) << "head " << h;
+      EXPECT_TRUE(std::isnan(out.d_sink[h]));
+    } else {
+      EXPECT_EQ(nonfinite, 0u) << "head " << h;
+      EXPECT_TRUE(std::isfinite(out.d_sink[h])) << "head " << h;
+    }
+  }
+  EXPECT_TRUE(std::isnan(lse_in_mode(in, false, false)[nan_head]));  // the reference's conversion agrees
 }

@@ -23,21 +23,22 @@ std::vector<Case> cpu_cases() {
   const Case small{40, 16, 90, 64, 0, true, K::Uniform}, chunked{65, 64, 300, 64, 16, true, K::Uniform, true, true};
   return {
       // the caller's options: a scale of its own, strided tensors (with top-k and token chunks), fp32 dkv, sinks of
-      // -inf (with a token that has no valid slot), FlashMLA's lse with them
+      // -inf (with a token that has no valid slot), FlashMLA's lse (+inf for that token) and base 2 with them
       with(small, [](Case& c) { c.scale = 0.07f; }),
       with(chunked, [](Case& c) { c.strided = true; }),
       with(chunked, [](Case& c) { c.strided = true, c.t_chunk = 20, c.scale = 0.03f; }),
       with(small, [](Case& c) { c.dkv_fp32 = true; }),
       with(chunked, [](Case& c) { c.dkv_fp32 = true, c.strided = true; }),
       with(small, [](Case& c) { c.neg_inf_sink = true; }),
-      with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),
+      with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::Base2Excl; }),
+      with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),  // +inf lse, empty token
       {1, 16, 64, 64, 0, true, K::Benchmark},
       {63, 16, 48, 64, 32, false, K::Uniform},          // num_kv < T, chunked
       {257, 16, 400, 160, 80, true, K::Benchmark},       // chunked, window + pool
       {65, 64, 300, 64, 16, true, K::Uniform, true, true},  // empty rows, repeats, 4 chunks
       {33, 128, 100, 64, 0, true, K::Uniform},
-      {40, 32, 90, 96, 48, false, K::Uniform, true, false, LseKind::FlashMla},
-      {40, 16, 90, 64, 0, true, K::Uniform, false, true, LseKind::FlashMla},
+      {40, 32, 90, 96, 48, false, K::Uniform, true, false, LseKind::Base2Excl},
+      {40, 16, 90, 64, 0, true, K::Uniform, false, true, LseKind::Base2Excl},
       {70, 16, 200, 160, 0, true, K::Benchmark, false, false, LseKind::Base2Incl},
       {50, 16, 120, 64, 32, true, K::Uniform, false, false, LseKind::Aiter, true},  // out-of-range indices
       // token chunks (the last shorter), alone and with top-k chunks, with empty rows, repeats, out-of-range
@@ -55,7 +56,7 @@ std::vector<Case> gpu_cases() {
       {257, 128, 1300, 512, 0, true, K::Benchmark},
       {257, 128, 1300, 512, 128, true, K::Benchmark, true, true},
       {63, 64, 600, 640, 0, false, K::Benchmark},
-      {63, 64, 600, 640, 160, true, K::Uniform, true, true, LseKind::FlashMla},
+      {63, 64, 600, 640, 160, true, K::Uniform, true, true, LseKind::Base2Excl},
       {257, 16, 1500, 1152, 0, true, K::Benchmark},
       {257, 128, 3000, 1152, 384, true, K::Benchmark},
       {1, 128, 5, 160, 0, true, K::Uniform, false, true},

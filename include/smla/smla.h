@@ -42,11 +42,12 @@ typedef enum { SMLA_BACKEND_AUTO = 0, SMLA_BACKEND_CPU = 1, SMLA_BACKEND_CUDA = 
 typedef struct {
   int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
   int has_sink;                         /* attn_sink given: d_sink produced */
-  float scale;                          /* <= 0: 1/sqrt(512); NaN and inf are refused */
+  float scale;                          /* <= 0: 1/sqrt(512); NaN, inf and -inf are refused */
   int64_t r_chunk;                      /* 0: planner's choice (all of topk; past SMLA_INTERM_BUDGET_BYTES
                                            the tokens are split: smla_plan_options_t.t_chunk) */
-  int lse_base2;                        /* lse is log2-based (FlashMLA) */
-  int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA) */
+  int lse_base2;                        /* lse is log2-based (TileLang's example forward) */
+  int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA's sparse forward: natural log, sink
+                                           out, +inf for a token with no valid slot) */
   int check_indices;                    /* record the first out-of-range index */
   int dkv_fp32;                         /* dkv output is fp32, unreduced */
   smla_backend_t backend;

@@ -54,7 +54,8 @@ enum class BackendKind : int { Auto = 0, Cpu = 1, Cuda = 2, Hip = 3 };
 const char* backend_name(BackendKind b);
 
 /// How the caller's `lse` was computed. aiter's forward: natural log, sink included (the
-/// default). FlashMLA's sparse forward: base 2, sink excluded.
+/// default). FlashMLA's sparse forward: natural log, sink excluded (`includes_sink = false`), +inf for a token
+/// with no valid slot (taken as it is). TileLang's example forward: base 2, sink excluded.
 struct LseConvention {
   bool base2 = false;
   bool includes_sink = true;

@@ -56,7 +56,9 @@ int slot_row(const SmlaParams& p, int t, int r) {
   return (k >= 0 && k < p.num_kv) ? k : -1;
 }
 
+// NaN in, NaN out (std::max and std::min would drop a NaN second argument), as the GPU kernels do.
 float logaddexp(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
   float m = std::max(a, b);
   if (m == -std::numeric_limits<float>::infinity()) return m;
   return m + std::log1p(std::exp(std::min(a, b) - m));

@@ -83,6 +83,7 @@ double dot(const double* a, const double* b) {
 }
 
 double logaddexp(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::nan("");  // std::max would drop a NaN second argument
   double m = std::max(a, b);
   if (m == kNegInf) return kNegInf;
   return m + std::log1p(std::exp(std::min(a, b) - m));
@@ -241,6 +242,13 @@ std::vector<float> lse_in_mode(const Inputs& in, bool base2, bool excludes_sink)
     if (base2) l /= std::log(2.0);
     out[i] = static_cast<float>(l);
   }
+  return out;
+}
+
+std::vector<float> lse_flashmla(const Inputs& in) {
+  std::vector<float> out = lse_in_mode(in, false, true);
+  for (float& l : out)
+    if (l == -std::numeric_limits<float>::infinity()) l = std::numeric_limits<float>::infinity();
   return out;
 }
 

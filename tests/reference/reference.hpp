@@ -52,9 +52,13 @@ void inject_out_of_range(Inputs& in, int count, uint64_t seed);
 /// Recomputes in.o (bf16), in.lse (float) and in.lse_excl from q, kv, sink, topk in float64.
 void forward(Inputs& in);
 
-/// The caller's lse in another convention (FlashMLA's: base 2, sink excluded), from
-/// in.lse_excl; lse_in_mode(in, false, false) is in.lse up to rounding.
+/// The caller's lse in another convention (e.g. base 2 without the sink, as TileLang's example forward returns it),
+/// from in.lse_excl; lse_in_mode(in, false, false) is in.lse up to rounding.
 std::vector<float> lse_in_mode(const Inputs& in, bool base2, bool excludes_sink);
+
+/// The lse FlashMLA's sparse forward returns: natural log, sink excluded, and +inf (not -inf) for a token without a
+/// valid slot.
+std::vector<float> lse_flashmla(const Inputs& in);
 
 struct Grads {
   std::vector<double> dq, dkv, d_sink;  // [T*H*D], [num_kv*D], [H] (empty without a sink)
