@@ -1,7 +1,11 @@
 // test_api.cpp: the public API's promises: bad input gets a clear error naming the argument and
 // changes nothing; the index check; the C API; plan() reuse; threads; CUDA graphs (on a GPU).
 #include <gtest/gtest.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstring>
@@ -223,6 +227,66 @@ TEST(Api, OneRuntimeServesManyThreads) {
     for (auto& t : th) t.join();
     for (const auto& e : errors) EXPECT_EQ(e, "");
   }
+}
+
+// The CPU backend's outputs on `in` (kSmall's) as digests, from a plan made here.
+std::string cpu_digests(const ref::Inputs& in) {
+  const Problem p = make_problem(BackendKind::Cpu, kSmall);
+  auto plan = Runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  const tools::Outputs out = run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+  std::string s;
+  for (const auto& [name, digest] : tools::output_digests(out)) s += name + "=" + digest + " ";
+  return s;
+}
+
+// A process that may not create threads (a container's pids limit, RLIMIT_NPROC) gets the same results from the CPU
+// backend, computed on the calling thread; it used to abort in std::terminate. The child becomes another user when
+// run as root (root ignores RLIMIT_NPROC).
+TEST(Api, TheCpuBackendRunsWhereNoThreadCanBeCreated) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one CPU: the CPU backend makes no threads anyway";
+  const ref::Inputs in = make_case_inputs(kSmall, 31);  // here: the reference makes threads of its own
+  const std::string want = cpu_digests(in);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string r;
+    const gid_t nobody = 65534;
+    const rlimit one{1, 1};
+    if (::geteuid() == 0 && (::setgroups(1, &nobody) != 0 || ::setresgid(nobody, nobody, nobody) != 0 ||
+                             ::setresuid(nobody, nobody, nobody) != 0))
+      r = "error: cannot become uid 65534";
+    else if (::setrlimit(RLIMIT_NPROC, &one) != 0)
+      r = "error: setrlimit failed";
+    else {
+      try {
+        std::thread([] {}).join();
+        r = "skip: a thread could still be created under RLIMIT_NPROC 1";
+      } catch (const std::system_error&) {
+        try {
+          r = cpu_digests(in);
+        } catch (const std::exception& e) {
+          r = std::string("error: ") + e.what();
+        }
+      }
+    }
+    (void)!::write(fds[1], r.data(), r.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child died (status " << status << "): " << got;
+  if (got.rfind("skip: ", 0) == 0) GTEST_SKIP() << got.substr(6);
+  EXPECT_EQ(got, want);
 }
 
 void capture_and_replay(const Case& c) {

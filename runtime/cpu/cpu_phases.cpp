@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -20,6 +22,10 @@ namespace {
 
 constexpr int D = SMLA_D;
 
+// The blocks are fixed by n and the thread count, so a block that could not get a thread of its own (a pids limit in
+// a container, RLIMIT_NPROC) runs on the calling thread with the same bounds: same results, only slower. An exception
+// in any block is rethrown here once every thread has been joined (one escaping a std::thread would terminate the
+// caller's process).
 template <class Fn>
 void parallel_blocks(int n, Fn fn) {
   int hw = static_cast<int>(std::thread::hardware_concurrency());
@@ -28,13 +34,28 @@ void parallel_blocks(int n, Fn fn) {
     fn(0, n);
     return;
   }
+  std::vector<std::exception_ptr> err(nt);
+  auto block = [&](int i) {
+    try {
+      fn(static_cast<int>(static_cast<long long>(n) * i / nt), static_cast<int>(static_cast<long long>(n) * (i + 1) / nt));
+    } catch (...) {
+      err[i] = std::current_exception();
+    }
+  };
   std::vector<std::thread> th;
-  for (int i = 0; i < nt; ++i) {
-    int b = static_cast<int>(static_cast<long long>(n) * i / nt);
-    int e = static_cast<int>(static_cast<long long>(n) * (i + 1) / nt);
-    th.emplace_back([=, &fn] { fn(b, e); });
+  std::vector<int> inline_blocks{nt - 1};  // the caller's thread takes the last block
+  th.reserve(nt - 1);
+  for (int i = 0; i < nt - 1; ++i) {
+    try {
+      th.emplace_back(block, i);
+    } catch (const std::system_error&) {
+      inline_blocks.push_back(i);
+    }
   }
+  for (int i : inline_blocks) block(i);
   for (auto& t : th) t.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
 }
 
 // Eight fixed lanes keep the sum fast and its order independent of anything but D.
