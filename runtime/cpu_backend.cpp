@@ -50,11 +50,14 @@ void CpuBackend::launch(const LoadedKernel& k, const KernelSpec&, const SmlaPara
 }
 
 PointerKind CpuBackend::pointer_kind(const void* ptr) const {
-  // Device memory handed to the CPU backend would crash it: ask the driver when there is one.
-  if (cuda::driver().ok && ptr) {
+  // Device memory handed to the CPU backend would crash it: ask the driver when smla has opened it (opening it here
+  // would initialise CUDA in a CPU-only process, whose forked children could then not use CUDA); device memory the
+  // driver was not asked about is not readable from the host, which readable_here finds.
+  const cuda::Driver* d = cuda::driver_if_opened();
+  if (d && d->ok && ptr) {
     unsigned int type = 0;
-    if (cuda::driver().PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                           reinterpret_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS &&
+    if (d->PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(ptr)) ==
+            CUDA_SUCCESS &&
         type == CU_MEMORYTYPE_DEVICE)
       return PointerKind::Device;
   }

@@ -152,6 +152,10 @@ std::vector<BackendStatus> Runtime::backends() const {
 BackendKind Runtime::resolve(BackendKind b) const {
   if (b != BackendKind::Auto) return b;
   if (impl_->cuda.usable(nullptr)) return BackendKind::Cuda;
+  if (cuda::forked_after_init()) {
+    static std::once_flag told;
+    std::call_once(told, [] { log().warn("backend auto: not CUDA: {}", cuda::driver().why); });
+  }
   if (impl_->hip.usable(nullptr)) return BackendKind::Hip;
   return BackendKind::Cpu;
 }

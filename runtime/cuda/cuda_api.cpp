@@ -6,6 +6,10 @@
 #include <cstring>
 #include <sys/stat.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -37,12 +41,38 @@ bool file_exists(const std::string& p) {
   return stat(p.c_str(), &st) == 0;
 }
 
+std::atomic<bool> g_driver_opened{false};  // driver()'s first call has finished (whatever it found)
+std::atomic<bool> g_forked{false};         // this process was forked from the one that initialised the driver
+pid_t g_init_pid = 0;
+
+void on_fork_child() { g_forked.store(true, std::memory_order_relaxed); }
+
+// The driver as a forked child sees it: the same entry points (error names still work), not usable, and why.
+const Driver& forked_driver(const Driver& d) {
+  static const Driver f = [&d] {
+    Driver c = d;
+    c.ok = false;
+    c.why = "CUDA was initialised in process " + std::to_string(g_init_pid) +
+            " before it forked this one, and a forked child cannot use the CUDA driver: start the worker with "
+            "spawn/exec (Python multiprocessing's 'spawn' or 'forkserver'), or use CUDA only after the fork";
+    return c;
+  }();
+  return f;
+}
+
 }  // namespace
+
+bool forked_after_init() { return g_forked.load(std::memory_order_relaxed); }
+
+const Driver* driver_if_opened() { return g_driver_opened.load(std::memory_order_acquire) ? &driver() : nullptr; }
 
 const Driver& driver() {
   static Driver d;
   static std::once_flag once;
   std::call_once(once, [] {
+    struct Opened {  // set on every way out of the initialisation
+      ~Opened() { g_driver_opened.store(true, std::memory_order_release); }
+    } opened;
     std::string err;
     void* h = open_first({env_or("SMLA_LIBCUDA"), "libcuda.so.1", "libcuda.so"}, &d.path, &err);
     if (!h) {
@@ -69,6 +99,10 @@ const Driver& driver() {
       const char* name = nullptr;
       d.GetErrorName(r, &name);
       d.why = std::string("cuInit failed: ") + (name ? name : "?");
+      // What a child forked from a process that had initialised CUDA (PyTorch, say) gets.
+      if (r == CUDA_ERROR_NOT_INITIALIZED)
+        d.why += " (a process forked from one that had initialised CUDA cannot use it: start workers with spawn, not "
+                 "fork)";
       return;
     }
     int n = 0;
@@ -77,7 +111,10 @@ const Driver& driver() {
       return;
     }
     d.ok = true;
+    g_init_pid = ::getpid();
+    ::pthread_atfork(nullptr, nullptr, on_fork_child);
   });
+  if (g_forked.load(std::memory_order_relaxed)) return forked_driver(d);
   return d;
 }
 

@@ -65,8 +65,14 @@ struct Nvrtc {
   std::string path;
 };
 
-/// Opened once per process (thread-safe); never throws: check `ok` / `why`.
+/// Opened once per process (thread-safe); never throws: check `ok` / `why`. In a process forked from the one that
+/// opened it, `ok` is false and `why` says so (the driver cannot be used after fork; the entry points stay set).
 const Driver& driver();
+/// The driver if driver() has been called in this process, else null, without opening it (the CPU backend's pointer
+/// check must not initialise CUDA: a process that did cannot hand CUDA to the children it forks).
+const Driver* driver_if_opened();
+/// This process was forked from the one that initialised the driver (driver().why says so too).
+bool forked_after_init();
 const Nvrtc& nvrtc();
 
 /// Throws smla::Error(DriverError) naming the call and the driver's error name and text.

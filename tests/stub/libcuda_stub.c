@@ -1,0 +1,113 @@
+/* libcuda_stub.c: a stand-in for libcuda.so.1 (SMLA_LIBCUDA) so that CI, which has no driver, can test what smla does
+ * around opening the driver: one device of compute capability 9.0, and what a real driver does in a process forked
+ * from the one that initialised it (every call fails with CUDA_ERROR_NOT_INITIALIZED). It runs no kernel and holds no
+ * memory: calls smla makes only on a real GPU answer CUDA_ERROR_NOT_SUPPORTED, so a test that reaches one fails
+ * visibly. Exports every symbol runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls(). */
+#include <stddef.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NOT_SUPPORTED = 801 };
+
+static pid_t init_pid;
+static int cuinit_calls;
+
+static int forked(void) { return init_pid != 0 && getpid() != init_pid; }
+
+int smla_stub_cuinit_calls(void) { return cuinit_calls; }
+
+int cuInit(unsigned flags) {
+  (void)flags;
+  ++cuinit_calls;
+  if (forked()) return NOT_INITIALIZED;
+  init_pid = getpid();
+  return OK;
+}
+
+int cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return OK;
+}
+
+#define STUB_GUARD \
+  if (init_pid == 0 || forked()) return NOT_INITIALIZED
+
+int cuDeviceGetCount(int* n) {
+  STUB_GUARD;
+  *n = 1;
+  return OK;
+}
+
+int cuDeviceGet(int* dev, int ordinal) {
+  STUB_GUARD;
+  if (ordinal != 0) return INVALID_VALUE;
+  *dev = 0;
+  return OK;
+}
+
+int cuDeviceGetAttribute(int* v, int attr, int dev) {
+  STUB_GUARD;
+  (void)dev;
+  switch (attr) {
+    case 75: *v = 9; break;        /* compute capability major */
+    case 76: *v = 0; break;        /* minor */
+    case 97: *v = 232448; break;   /* max shared memory per block, opt-in */
+    case 16: *v = 132; break;      /* multiprocessors */
+    default: *v = 0;
+  }
+  return OK;
+}
+
+int cuDeviceGetName(char* name, int len, int dev) {
+  STUB_GUARD;
+  (void)dev;
+  strncpy(name, "smla stub device", (size_t)len);
+  if (len > 0) name[len - 1] = 0;
+  return OK;
+}
+
+int cuCtxGetCurrent(void** ctx) {
+  STUB_GUARD;
+  *ctx = NULL;
+  return OK;
+}
+
+int cuPointerGetAttribute(void* out, int attr, unsigned long long ptr) {
+  STUB_GUARD;
+  (void)out, (void)attr, (void)ptr;
+  return INVALID_VALUE; /* no pointer is CUDA's here */
+}
+
+int cuGetErrorName(int r, const char** s) {
+  *s = r == OK ? "CUDA_SUCCESS"
+     : r == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
+     : r == NOT_INITIALIZED ? "CUDA_ERROR_NOT_INITIALIZED"
+     : r == NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_UNKNOWN";
+  return OK;
+}
+
+int cuGetErrorString(int r, const char** s) {
+  *s = r == NOT_INITIALIZED ? "initialization error" : r == NOT_SUPPORTED ? "not supported by the stub driver" : "";
+  return OK;
+}
+
+/* What only a real GPU does. */
+#define STUB_UNSUPPORTED(name) \
+  int name(void) {             \
+    STUB_GUARD;                \
+    return NOT_SUPPORTED;      \
+  }
+STUB_UNSUPPORTED(cuDevicePrimaryCtxRetain) STUB_UNSUPPORTED(cuDevicePrimaryCtxRelease_v2)
+STUB_UNSUPPORTED(cuCtxSetCurrent) STUB_UNSUPPORTED(cuCtxGetDevice) STUB_UNSUPPORTED(cuCtxSynchronize)
+STUB_UNSUPPORTED(cuModuleLoadData) STUB_UNSUPPORTED(cuModuleUnload) STUB_UNSUPPORTED(cuModuleGetFunction)
+STUB_UNSUPPORTED(cuFuncSetAttribute) STUB_UNSUPPORTED(cuFuncGetAttribute) STUB_UNSUPPORTED(cuLaunchKernel)
+STUB_UNSUPPORTED(cuMemAlloc_v2) STUB_UNSUPPORTED(cuMemFree_v2) STUB_UNSUPPORTED(cuMemcpyHtoD_v2)
+STUB_UNSUPPORTED(cuMemcpyDtoH_v2) STUB_UNSUPPORTED(cuMemcpyDtoHAsync_v2) STUB_UNSUPPORTED(cuMemsetD8_v2)
+STUB_UNSUPPORTED(cuMemsetD32_v2) STUB_UNSUPPORTED(cuMemGetInfo_v2) STUB_UNSUPPORTED(cuStreamCreate)
+STUB_UNSUPPORTED(cuStreamDestroy_v2) STUB_UNSUPPORTED(cuStreamSynchronize) STUB_UNSUPPORTED(cuEventCreate)
+STUB_UNSUPPORTED(cuStreamCreateWithPriority) STUB_UNSUPPORTED(cuStreamWaitEvent)
+STUB_UNSUPPORTED(cuStreamIsCapturing) STUB_UNSUPPORTED(cuCtxGetStreamPriorityRange)
+STUB_UNSUPPORTED(cuEventDestroy_v2) STUB_UNSUPPORTED(cuEventRecord) STUB_UNSUPPORTED(cuEventSynchronize)
+STUB_UNSUPPORTED(cuEventElapsedTime_v2) STUB_UNSUPPORTED(cuStreamBeginCapture_v2)
+STUB_UNSUPPORTED(cuStreamEndCapture) STUB_UNSUPPORTED(cuGraphInstantiateWithFlags) STUB_UNSUPPORTED(cuGraphLaunch)
+STUB_UNSUPPORTED(cuGraphExecDestroy) STUB_UNSUPPORTED(cuGraphDestroy)

@@ -1,0 +1,142 @@
+// test_driver_fork.cpp: what smla does around opening the CUDA driver, in processes of their own (the driver is
+// opened once a process), with the stub driver of tests/stub/libcuda_stub.c as SMLA_LIBCUDA: CI has no driver.
+//   - a process that only uses the CPU backend never initialises CUDA (its forked children could not use it);
+//   - in a child forked after smla initialised CUDA, the CUDA backend is unusable and says why (fork), plan() on it
+//     is refused with that reason, and Auto resolves to the CPU;
+//   - a child of a process that initialised CUDA itself (PyTorch, say) is told to use spawn when cuInit fails.
+// Each scenario is this executable run again with --scenario NAME; it prints what it found, one item a line.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/cuda/cuda_api.hpp"
+#include "smla/smla.hpp"
+#include "tests/e2e_common.hpp"
+
+namespace smla::test {
+namespace {
+
+const Case kTiny{16, 16, 40, 64, 0, true, ref::TopkKind::Uniform};
+
+int stub_cuinit_calls() {
+  void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return 0;  // not even loaded
+  auto fn = reinterpret_cast<int (*)()>(dlsym(h, "smla_stub_cuinit_calls"));
+  const int n = fn ? fn() : -1;
+  dlclose(h);
+  return n;
+}
+
+void run_cpu_case() {
+  const ref::Inputs in = make_case_inputs(kTiny, 3);
+  const Problem p = make_problem(BackendKind::Cpu, kTiny);
+  auto plan = Runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+}
+
+// What a forked child finds; printed by the child.
+void report_child() {
+  const auto& d = cuda::driver();
+  std::printf("child ok=%d\nchild why=%s\n", int(d.ok), d.why.c_str());
+  Runtime rt;
+  try {
+    Problem p = make_problem(BackendKind::Cuda, kTiny);
+    rt.plan(p);
+    std::printf("child plan cuda=accepted\n");
+  } catch (const Error& e) {
+    std::printf("child plan cuda=%s: %s\n", status_name(e.status()), e.what());
+  }
+  std::printf("child auto=%s\n", backend_name(rt.resolve(BackendKind::Auto)));
+  std::fflush(stdout);
+}
+
+int fork_and_report() {
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    report_child();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
+int scenario(const std::string& name) {
+  if (name == "cpu-only") {
+    run_cpu_case();
+    std::printf("cuinit=%d\n", stub_cuinit_calls());
+    return 0;
+  }
+  if (name == "fork-after-init") {
+    const auto& d = cuda::driver();
+    std::printf("parent ok=%d why=%s\n", int(d.ok), d.why.c_str());
+    return fork_and_report();
+  }
+  if (name == "cuda-parent") {  // the parent initialises CUDA itself, smla only in the child
+    void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW);
+    auto init = h ? reinterpret_cast<int (*)(unsigned)>(dlsym(h, "cuInit")) : nullptr;
+    std::printf("parent cuInit=%d\n", init ? init(0) : -1);
+    return fork_and_report();
+  }
+  std::fprintf(stderr, "unknown scenario %s\n", name.c_str());
+  return 2;
+}
+
+// Runs this executable with --scenario `name` and the stub driver; its output.
+std::string run_scenario(const std::string& name) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "readlink failed";
+  self[n] = 0;
+  const std::string cmd = "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' SMLA_LOG_LEVEL=error '" + std::string(self) +
+                          "' --scenario " + name + " 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  char buf[512];
+  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, k);
+  const int rc = ::pclose(p);
+  if (rc != 0) out += "\n(exit status " + std::to_string(rc) + ")";
+  return out;
+}
+
+bool has(const std::string& out, const std::string& line) { return out.find(line) != std::string::npos; }
+
+TEST(DriverFork, TheCpuBackendAloneNeverInitialisesCuda) {
+  const std::string out = run_scenario("cpu-only");
+  EXPECT_TRUE(has(out, "cuinit=0\n")) << out;
+}
+
+TEST(DriverFork, AChildForkedAfterInitIsToldWhyCudaIsUnusable) {
+  const std::string out = run_scenario("fork-after-init");
+  ASSERT_TRUE(has(out, "parent ok=1")) << "the stub driver did not open:\n" << out;
+  EXPECT_TRUE(has(out, "child ok=0\n")) << out;
+  EXPECT_TRUE(has(out, "before it forked this one")) << out;
+  EXPECT_TRUE(has(out, "child plan cuda=no backend")) << out;
+  EXPECT_TRUE(has(out, "spawn")) << out;
+  EXPECT_TRUE(has(out, "child auto=cpu\n")) << out;
+}
+
+TEST(DriverFork, AChildOfAProcessThatInitialisedCudaIsToldToSpawn) {
+  const std::string out = run_scenario("cuda-parent");
+  ASSERT_TRUE(has(out, "parent cuInit=0")) << out;
+  EXPECT_TRUE(has(out, "child ok=0\n")) << out;
+  EXPECT_TRUE(has(out, "CUDA_ERROR_NOT_INITIALIZED")) << out;
+  EXPECT_TRUE(has(out, "start workers with spawn")) << out;
+}
+
+}  // namespace
+}  // namespace smla::test
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--scenario") return smla::test::scenario(argv[2]);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
