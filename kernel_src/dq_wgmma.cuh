@@ -615,7 +615,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
           for (int e = 0; e < 2; ++e) {
             const int r = 2 * m + e, half = m & 1;
             const float dp_ = wg == 0 ? other[r] : sd[8 + r];
-            dv[e] = pe[r] * (dp_ - (half ? dlb : dla)) * p.scale;
+            // An empty slot's dS is 0 even where dP - delta is not finite (a token's NaN o or dout: without the
+            // select, 0 * NaN made the dq of a token with no valid slot NaN in the bodies that run its tiles).
+            dv[e] = valid[2 * (r >> 2) + (r & 1)] ? pe[r] * (dp_ - (half ? dlb : dla)) * p.scale : 0.f;
           }
           wpm[m] = smla_pack_bf2_rn(pe[2 * m], pe[2 * m + 1]);
           wds[m] = smla_pack_bf2_rn(dv[0], dv[1]);

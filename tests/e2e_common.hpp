@@ -31,6 +31,7 @@ struct Case {
   bool strided = false;          // tools::Layout::Strided: every stride set, gaps checked untouched
   bool dkv_fp32 = false;         // Problem::dkv_fp32
   bool neg_inf_sink = false;     // two heads' sink -inf (FlashMLA allows it), with an empty token
+  bool nan_empty_token = false;  // token T/3 without a valid slot, its o and dout NaN (padding with garbage)
 };
 
 inline std::string describe(const Case& c) {
@@ -44,7 +45,8 @@ inline std::string describe(const Case& c) {
                                       : "")
     << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "")
     << (c.scale ? " scale=" + std::to_string(c.scale) : "") << (c.strided ? " strided" : "")
-    << (c.dkv_fp32 ? " dkv-fp32" : "") << (c.neg_inf_sink ? " -inf-sink" : "");
+    << (c.dkv_fp32 ? " dkv-fp32" : "") << (c.neg_inf_sink ? " -inf-sink" : "")
+    << (c.nan_empty_token ? " nan-empty-token" : "");
   return s.str();
 }
 
@@ -66,6 +68,13 @@ inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
   }
   if (c.repeats) ref::inject_repeats(in, std::max(4, c.T / 4), seed + 1);
   if (c.out_of_range) ref::inject_out_of_range(in, std::max(3, c.T / 8), seed + 2);
+  if (c.nan_empty_token) {  // after make_rows_empty's recomputation of o and lse: the NaN stays
+    const int t = c.T / 3;
+    ref::make_rows_empty(in, {t});
+    const size_t row = size_t(c.H) * 512;
+    std::fill_n(in.o.begin() + t * row, row, uint16_t(0x7fc0));
+    std::fill_n(in.dout.begin() + t * row, row, uint16_t(0x7fc0));
+  }
   if (c.scale || c.neg_inf_sink) {
     if (c.scale) in.scale = c.scale;
     if (c.neg_inf_sink && c.sink) {
@@ -121,13 +130,13 @@ inline tools::Outputs run_poisoned(const Plan& plan, tools::CaseRunner& cr, void
   return cr.read_outputs();
 }
 
-/// Plans and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
+/// Plans (with `cfg` when given) and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
 /// against the float64 reference and against each other bit for bit.
-inline void run_and_check(BackendKind b, const Case& c, uint64_t seed) {
+inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const TileConfig* cfg = nullptr) {
   SCOPED_TRACE("seed " + std::to_string(seed));  // the inputs of a failure, reproducible
   const ref::Inputs in = make_case_inputs(c, seed);
   const Problem p = make_problem(b, c);
-  auto plan = shared_runtime().plan(p);
+  auto plan = cfg ? shared_runtime().plan(p, *cfg) : shared_runtime().plan(p);
   const std::vector<float> lse = case_lse(c, in);
   tools::CaseRunner cr(p, in, &lse, c.strided ? tools::Layout::Strided : tools::Layout::Packed);
   void* ws = cr.workspace(plan->workspace_bytes());

@@ -90,6 +90,28 @@ TEST(E2E, CudaBackendMatchesReference) {
   }
 }
 
+// A token with no valid slot whose o and dout are NaN (padding filled with garbage) contributes nothing: its dq is 0
+// and the NaN reaches neither dkv nor another token, on every dq body (the wgmma bodies that run such a token's tiles
+// made its dq NaN: 0 * NaN in dS). No sink: with one, d_sink rightly takes the NaN delta.
+const Case kNanEmptyToken = [] {
+  Case c{65, 64, 300, 128, 0, false, ref::TopkKind::Uniform};
+  c.nan_empty_token = true;
+  return c;
+}();
+
+TEST(E2E, AnEmptyTokensNanGradientStaysOutOnTheCpu) { run_and_check(BackendKind::Cpu, kNanEmptyToken, 41); }
+
+TEST(E2E, AnEmptyTokensNanGradientStaysOutOnEveryCudaDqBody) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  const bool sm90a = shared_runtime().plan(make_problem(BackendKind::Cuda, kNanEmptyToken))->info().target == "sm_90a";
+  for (int impl = 1; impl <= (sm90a ? TileConfig::kMaxDqImpl : 1); ++impl) {
+    SCOPED_TRACE("dq_impl " + std::to_string(impl));
+    TileConfig cfg;
+    cfg.dq_impl = impl;
+    run_and_check(BackendKind::Cuda, kNanEmptyToken, 42, &cfg);
+  }
+}
+
 // Token chunks change only the order of dkv's fp32 sums over tokens: a token's dq (and so delta, lse_n and d_sink)
 // is computed from its own rows the same way whatever chunk it is in, so dq and d_sink keep their bits.
 void expect_token_chunks_keep_dq_bits(BackendKind b, const Case& unchunked, int t_chunk) {
