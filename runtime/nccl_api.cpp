@@ -130,14 +130,16 @@ Communicator::Communicator(std::shared_ptr<const Api> api, const UniqueId& id, i
                "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " CUDA devices)");
   disable_nvlink_multicast();  // before the communicator exists: NCCL reads it at init
   // ncclCommInitRank binds to the calling thread's current device: make `device`'s primary
-  // context current (the CUDA runtime inside NCCL follows the driver's current context).
+  // context current (the CUDA runtime inside NCCL follows the driver's current context), for the call only: the
+  // caller's thread keeps the context it had.
   CUdevice dev;
   CUcontext ctx = nullptr;
   SMLA_CU(d.DeviceGet(&dev, device));
   SMLA_CU(d.DevicePrimaryCtxRetain(&ctx, dev));
   retained_ctx_ = true;
+  ctx_ = ctx;
   try {
-    SMLA_CU(d.CtxSetCurrent(ctx));
+    cuda::ContextScope use(ctx);
     ncclUniqueId nid;
     std::memcpy(&nid, id.bytes, sizeof(nid));
     ncclComm_t comm = nullptr;
@@ -159,6 +161,7 @@ Communicator::~Communicator() {
 
 void Communicator::all_reduce_sum(float* device_buf, size_t count, void* stream) {
   auto comm = static_cast<ncclComm_t>(comm_);
+  cuda::ContextScope use(static_cast<CUcontext>(ctx_));  // the communicator's device, the caller's context kept
   // CUstream and cudaStream_t are the same handle type (CUstream_st*).
   SMLA_NCCL(*api_, comm,
             api_->AllReduce(device_buf, device_buf, count, ncclFloat32, ncclSum, comm, static_cast<cudaStream_t>(stream)));

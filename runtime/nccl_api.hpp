@@ -56,6 +56,7 @@ class Communicator {
  private:
   std::shared_ptr<const Api> api_;
   void* comm_ = nullptr;  // ncclComm_t
+  void* ctx_ = nullptr;   // CUcontext: `device`'s primary context, current only inside our calls
   int rank_ = 0, nranks_ = 0, device_ = 0;
   bool retained_ctx_ = false;
 };

@@ -94,6 +94,20 @@ void HostGroup::reduce(int rank, float* buf, size_t count) {
   bufs_[size_t(rank)] = buf;
   counts_[size_t(rank)] = count;
   barrier(lk, [&] {
+    // One buffer shared by two ranks (a dkv tensor passed whole to every rank) would be summed with itself and
+    // written while another rank reads it.
+    for (int a = 0; a < n_ && !aborted_; ++a)
+      for (int b = a + 1; b < n_ && !aborted_; ++b) {
+        const uintptr_t pa = reinterpret_cast<uintptr_t>(bufs_[size_t(a)]),
+                        pb = reinterpret_cast<uintptr_t>(bufs_[size_t(b)]);
+        const size_t na = counts_[size_t(a)] * sizeof(float), nb = counts_[size_t(b)] * sizeof(float);
+        if (na && nb && pa < pb + nb && pb < pa + na) {
+          aborted_ = true;
+          why_ = "ranks " + std::to_string(a) + " and " + std::to_string(b) +
+                 " passed overlapping buffers to all_reduce_sum: each rank needs outputs (dkv, d_sink) of its own";
+        }
+      }
+    if (aborted_) return;
     for (int r = 1; r < n_; ++r)
       if (counts_[size_t(r)] != counts_[0]) {
         // Every rank must stop, not only this one: break the group (all waiters see it).

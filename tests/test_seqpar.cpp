@@ -179,6 +179,22 @@ TEST(HostReducer, MismatchedCountsFailOnEveryRankWithoutHanging) {
   for (int r = 0; r < 2; ++r) EXPECT_NE(errors[size_t(r)].find("different counts"), std::string::npos) << errors[size_t(r)];
 }
 
+// One dkv passed whole to every rank: the sum would add the buffer to itself while another rank writes it.
+TEST(HostReducer, OverlappingBuffersFailOnEveryRank) {
+  auto group = std::make_shared<seqpar::HostGroup>(3);
+  std::vector<float> shared(16, 1.0f), own(8, 1.0f);
+  std::vector<std::string> errors;
+  run_ranks(3, [&](int r) {
+    seqpar::HostReducer red(group, r);
+    float* buf = r == 0 ? own.data() : r == 1 ? shared.data() : shared.data() + 4;  // ranks 1 and 2 overlap
+    red.all_reduce_sum(buf, 8, nullptr);
+  }, &errors);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(errors[size_t(r)].find("ranks 1 and 2 passed overlapping buffers"), std::string::npos)
+        << errors[size_t(r)];
+  EXPECT_EQ(shared, std::vector<float>(16, 1.0f)) << "written although refused";
+}
+
 TEST(HostReducer, AbortReleasesWaitingRanks) {
   auto group = std::make_shared<seqpar::HostGroup>(2);
   std::vector<std::string> errors;
