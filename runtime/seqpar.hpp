@@ -39,8 +39,11 @@ TokenRange split(int64_t T, int rank, int nranks);
 Problem rank_problem(const Problem& whole, TokenRange r);
 
 /// Views of the whole batch's tensors for one rank: q, o, dout, lse, topk and dq start at row
-/// t0 (strides kept); kv, attn_sink, dkv and d_sink are the whole tensors. `t.dkv` must then
-/// be an fp32 [num_kv, 512] buffer. Pointer arithmetic only: works for host and device memory.
+/// t0 (strides kept); kv, attn_sink, dkv and d_sink are passed as given. `t.dkv` must then
+/// be an fp32 [num_kv, 512] buffer, and dkv and d_sink the rank's own (every rank sums into
+/// them before the reduction; HostReducer refuses ranks whose buffers overlap). Pointer
+/// arithmetic only: works for host and device memory. A rank plan's index_report() counts
+/// tokens from the rank's t0 (add r.t0 for the batch's token).
 Tensors rank_view(const Problem& whole, const Tensors& t, TokenRange r);
 
 /// Sums an fp32 buffer across ranks, in place: every rank ends with the same bits, and the same
