@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ int run_tool(const char* name, Body&& body) {
     return body();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: %s (%s)\n", name, e.message().c_str(), status_name(e.status()));
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "%s: out of host memory (std::bad_alloc): the problem's host tensors (inputs, reference, outputs) do not "
+                 "fit here; a smaller T or num_kv will\n",
+                 name);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
