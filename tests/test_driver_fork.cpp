@@ -79,8 +79,8 @@ int scenario(const std::string& name) {
     std::printf("parent ok=%d why=%s\n", int(d.ok), d.why.c_str());
     return fork_and_report();
   }
-  if (name == "cuda-parent") {  // the parent initialises CUDA itself, smla only in the child
-    void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW);
+  if (name == "cuda-parent" || name == "cuda-parent-real") {  // the parent initialises CUDA itself, smla the child
+    void* h = dlopen(name == "cuda-parent" ? SMLA_STUB_LIBCUDA : "libcuda.so.1", RTLD_NOW);
     auto init = h ? reinterpret_cast<int (*)(unsigned)>(dlsym(h, "cuInit")) : nullptr;
     std::printf("parent cuInit=%d\n", init ? init(0) : -1);
     return fork_and_report();
@@ -89,14 +89,14 @@ int scenario(const std::string& name) {
   return 2;
 }
 
-// Runs this executable with --scenario `name` and the stub driver; its output.
-std::string run_scenario(const std::string& name) {
+// Runs this executable with --scenario `name` and the stub driver (the real one: `stub` false); its output.
+std::string run_scenario(const std::string& name, bool stub = true) {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return "readlink failed";
   self[n] = 0;
-  const std::string cmd = "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' SMLA_LOG_LEVEL=error '" + std::string(self) +
-                          "' --scenario " + name + " 2>&1";
+  const std::string cmd = std::string(stub ? "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' " : "") +
+                          "SMLA_LOG_LEVEL=error '" + self + "' --scenario " + name + " 2>&1";
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "popen failed";
@@ -130,6 +130,20 @@ TEST(DriverFork, AChildOfAProcessThatInitialisedCudaIsToldToSpawn) {
   EXPECT_TRUE(has(out, "child ok=0\n")) << out;
   EXPECT_TRUE(has(out, "CUDA_ERROR_NOT_INITIALIZED")) << out;
   EXPECT_TRUE(has(out, "start workers with spawn")) << out;
+}
+
+// The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.
+TEST(DriverFork, WithTheRealDriver) {
+  if (!cuda::driver().ok) GTEST_SKIP() << "no usable CUDA driver here (" << cuda::driver().why << "): not run";
+  std::string out = run_scenario("fork-after-init", false);
+  ASSERT_TRUE(has(out, "parent ok=1")) << out;
+  EXPECT_TRUE(has(out, "child ok=0\n")) << out;
+  EXPECT_TRUE(has(out, "child plan cuda=no backend")) << out;
+  EXPECT_TRUE(has(out, "child auto=cpu\n")) << out;
+  out = run_scenario("cuda-parent-real", false);
+  ASSERT_TRUE(has(out, "parent cuInit=0")) << out;
+  EXPECT_TRUE(has(out, "child ok=0\n")) << out;  // whatever the driver answers a child, smla must not call it usable
+  std::printf("what the real driver tells a child of a CUDA parent:\n%s\n", out.c_str());
 }
 
 }  // namespace
