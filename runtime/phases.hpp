@@ -40,6 +40,9 @@ struct ShapeInfo {
   int dkv_impl = 0;
   /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
   bool sm90a = false;
+  /// The CUDA target's shared memory a block may opt in to (cuda_smem_limit); 0: Hopper's 227 KB. The default tiles
+  /// are chosen to fit it.
+  unsigned smem_limit = 0;
   /// Slots of one chunk (token chunk x top-k chunk): the rows of ds, pm, interm and the csr sort.
   long long chunk_items() const { return static_cast<long long>(t_chunk > 0 ? t_chunk : T) * r_chunk; }
   /// Chunks in all, the length of gather's dkv accumulation.

@@ -1,6 +1,8 @@
 // planner.cpp: validation, chunking and phase order.
 #include "planner.hpp"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -112,6 +114,22 @@ int radix_passes_for(int64_t num_kv, int bits) { return (csr_key_bits(num_kv) + 
 
 int radix_bits_for_passes(int64_t num_kv, int passes) {
   return std::max(kCsrMinRadixBits, (csr_key_bits(num_kv) + passes - 1) / passes);
+}
+
+unsigned cuda_smem_limit(const std::string& target) {
+  if (target.rfind("sm_", 0) != 0) return 0;
+  size_t end = 3;
+  while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
+  if (end == 3 || end > 6) return 0;
+  const std::string rest = target.substr(end);
+  if (!rest.empty() && rest != "a" && rest != "f") return 0;
+  constexpr unsigned kb = 1024;
+  switch (std::stoi(target.substr(3, end - 3))) {
+    case 80: case 87: return 163 * kb;
+    case 86: case 89: case 120: case 121: return 99 * kb;
+    case 90: case 100: case 101: case 103: case 110: return 227 * kb;
+    default: return 0;
+  }
 }
 
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes) {

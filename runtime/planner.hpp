@@ -2,6 +2,7 @@
 // Pure functions of their inputs (no device, no files), so they are unit-tested in CI.
 #pragma once
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "phases.hpp"
@@ -33,6 +34,11 @@ int radix_passes_for(int64_t num_kv, int bits);
 int radix_bits_for_passes(int64_t num_kv, int passes);
 /// CUDA's csr sort (CUB's onesweep) ranks 2^bits digits with a warp's 32 lanes: at least 32 digits a pass.
 constexpr int kCsrMinRadixBits = 5;
+
+/// The shared memory a block may opt in to on a CUDA target ("sm_80": 163 KB, "sm_86" and "sm_89": 99 KB, "sm_90a":
+/// 227 KB, ...: the CUDA programming guide's table by compute capability), or 0 for a target it does not know (a HIP
+/// one, a future sm_*): the planner then sizes for Hopper and loading the kernel checks the device itself.
+unsigned cuda_smem_limit(const std::string& target);
 
 /// The planner's choices for a validated problem (chunking, csr geometry, tiles).
 ShapeInfo choose_shape(const Problem& p, size_t interm_budget_bytes);

@@ -375,6 +375,7 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
     s.dkv_impl = cfg->dkv_impl;
   }
   s.sm90a = target == "sm_90a";
+  s.smem_limit = cuda_smem_limit(target);
 }
 
 TuningDb::TuningDb(std::string path, std::string runtime_version)

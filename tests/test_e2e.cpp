@@ -112,6 +112,19 @@ TEST(E2E, AnEmptyTokensNanGradientStaysOutOnEveryCudaDqBody) {
   }
 }
 
+// The tiles the planner gives an A100 (sm_80: 163 KB of shared memory), run here on the mma.sync bodies: no sm_8x GPU
+// is at hand, this is how they are checked.
+TEST(E2E, TheA100TilesOnThisGpu) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  TileConfig a100;
+  a100.dq_impl = 1, a100.dkv_impl = 1, a100.dq_block_h = 32, a100.dkv_block_d = 128;
+  for (const Case& c : {Case{257, 128, 1300, 512, 0, true, ref::TopkKind::Benchmark},
+                        Case{63, 64, 600, 640, 160, true, ref::TopkKind::Uniform, true, true}}) {
+    SCOPED_TRACE(describe(c));
+    run_and_check(BackendKind::Cuda, c, 43, &a100);
+  }
+}
+
 // Token chunks change only the order of dkv's fp32 sums over tokens: a token's dq (and so delta, lse_n and d_sink)
 // is computed from its own rows the same way whatever chunk it is in, so dq and d_sink keep their bits.
 void expect_token_chunks_keep_dq_bits(BackendKind b, const Case& unchunked, int t_chunk) {

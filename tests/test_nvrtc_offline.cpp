@@ -458,10 +458,53 @@ TEST(NvrtcOffline, GatherSplitsRowsWhereTheHottestAreTheTail) {
   compile_all("sm_80", {seed, hot});  // a generic kernel: sm_80 covers it (sm_90a compiles are of the wgmma bodies)
 }
 
-TEST(NvrtcOffline, SeedShapeCompilesForTheGenericSm80Path) {
+// sm_80 (an A100: 163 KB of shared memory a block, not Hopper's 227 KB): the planner picks mma.sync tiles that fit
+// (fewer dq heads a block, narrower dkv column blocks) for every H, and they compile. Before, the Hopper-sized
+// defaults were planned and refused at load ("needs 209152 bytes ... the device allows 166912").
+TEST(NvrtcOffline, Sm80PlansTilesThatFitAnA100AndTheyCompile) {
+  EXPECT_EQ(cuda_smem_limit("sm_80"), 163u * 1024);
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
-  compile_all("sm_80", cuda_all_kernels({choose_shape(p, runtime_env().interm_budget)}));
+  std::vector<ShapeInfo> shapes;
+  for (int H : {16, 32, 64, 128}) {
+    p.H = H;
+    ShapeInfo s = shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_80");
+    std::string why;
+    EXPECT_TRUE(cuda_shape_supported(s, &why)) << "H " << H << ": " << why;
+    for (const KernelSpec& k : cuda_all_kernels({s}))
+      EXPECT_LE(k.smem_bytes, 163u * 1024) << k.entry << " at H " << H;
+    shapes.push_back(s);
+  }
+  // The seed's tiles: dq 32 heads x 32 rows, dkv 64 x 128.
+  const KernelSpec dq = launch_of(Phase::Dq, shapes.back());
+  EXPECT_TRUE(has_define(dq, "BLOCK_H", 32)) << "dq";
+  EXPECT_TRUE(has_define(launch_of(Phase::DkvInterm, shapes.back()), "BLOCK_D", 128)) << "dkv_interm";
+  // sm_90a keeps its tiles.
+  p.H = 128;
+  EXPECT_TRUE(has_define(launch_of(Phase::Dq, shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_90a")),
+                         "DQ_WGMMA", 1));
+  compile_all("sm_80", cuda_all_kernels(shapes));
+}
+
+// sm_86 / sm_89 (99 KB a block): dq's smallest tile (16 heads x 32 rows, 103168 B) does not fit, so plan() refuses
+// with the tile, its bytes and the target's limit instead of failing at load. A caller's explicit tile that does not
+// fit the target is refused the same way.
+TEST(NvrtcOffline, TargetsWithLessSharedMemoryAreRefusedByName) {
+  EXPECT_EQ(cuda_smem_limit("sm_86"), 99u * 1024);
+  EXPECT_EQ(cuda_smem_limit("sm_89"), 99u * 1024);
+  EXPECT_EQ(cuda_smem_limit("sm_90a"), 227u * 1024);
+  EXPECT_EQ(cuda_smem_limit("gfx950"), 0u);
+  EXPECT_EQ(cuda_smem_limit("sm_999"), 0u);
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
+  std::string why;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, nullptr, runtime_env().interm_budget, "sm_89"), &why));
+  EXPECT_NE(why.find("dq tile 16x32 needs"), std::string::npos) << why;
+  EXPECT_NE(why.find("max 101376 on this target"), std::string::npos) << why;
+  TileConfig c;
+  c.dq_impl = 1, c.dkv_impl = 1, c.dkv_block_r = 64, c.dkv_block_d = 256;
+  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_80"), &why));
+  EXPECT_NE(why.find("dkv_interm tile 64x256 needs"), std::string::npos) << why;
 }
 
 TEST(NvrtcOffline, EverySourceCompilesAloneWithItsDefaultConstants) {

@@ -158,8 +158,8 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
                                           " bytes of shared memory" +
                                           (static_bytes ? " and " + std::to_string(static_bytes) + " of its own" : "") +
                                           "; the device allows " + std::to_string(limit) +
-                                          " (the default tiles are sized for Hopper's 227 KB: smaller ones through a "
-                                          "TileConfig, e.g. dq_block_h 16 or 32, dkv_block_r 32, dkv_block_d 128)");
+                                          " (the planner sizes its tiles by the target's limit; an explicit TileConfig "
+                                          "must fit too, e.g. dq_block_h 16 or 32, dkv_block_r 32, dkv_block_d 128)");
     SMLA_CU(driver().FuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)spec.smem_bytes));
   }
   return k;

@@ -56,8 +56,19 @@ constexpr int kDkvWgmmaProducerWarps = 12;
 constexpr int kDkvWgmmaHeads = 32;
 bool is_wgmma_dkv(int dkv_impl) { return dkv_impl == 2 || dkv_impl == 3; }
 
+// dq's shared memory: Q, dO and kv as common.cuh lays them out, then the dS and P tiles stored
+// transposed ([BLOCK_R][BLOCK_H + pad], see kernel_src/dq.cu), then the kv row flags.
+unsigned dq_smem_bytes(int block_h, int block_r) {
+  return smla_dq_qdo_bytes(block_h) + smla_dq_kv_bytes(block_r) + 2u * block_r * (block_h + SMLA_ROW_PAD) * 2u +
+         smla_dq_flag_bytes(block_r);
+}
+
+// The shared memory the target lets a block have (ShapeInfo::smem_limit; 0: Hopper's).
+unsigned smem_limit_of(const ShapeInfo& s) { return s.smem_limit ? s.smem_limit : kMaxSmem; }
+
 Tiles tiles_of(const ShapeInfo& s) {
   Tiles t{};
+  const unsigned limit = smem_limit_of(s);
   // Default dq body: wgmma with the producer warpgroup (dq_impl 3) on sm_90a when its one tile fits the shape and
   // the caller's tiles. It beat dq_impl 2 on every DSv4 shape, 1.2-2.9% end to end, and passed the float64 check at
   // the seed, TOPK 160, H 64 and a two-chunk shape (docs/perf-notes.md v9).
@@ -66,6 +77,15 @@ Tiles tiles_of(const ShapeInfo& s) {
   t.dq_impl = s.dq_impl ? s.dq_impl : (s.sm90a && wgmma_fits ? 3 : 1);
   t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
+  // mma.sync on a target with less shared memory than Hopper (an A100's 163 KB): fewer heads a block, while they
+  // divide H, until the tile fits (cuda_shape_supported refuses what still does not).
+  if (!s.dq_block_h && !is_wgmma_dq(t.dq_impl))
+    while (dq_smem_bytes(t.dq_block_h, t.dq_block_r) > limit) {
+      int next = t.dq_block_h - 16;
+      while (next >= 16 && s.H % next != 0) next -= 16;
+      if (next < 16) break;
+      t.dq_block_h = next;
+    }
   // mma.sync: (BLOCK_H/16) x 2 warps, each holds 16 heads x 256 dq columns; wgmma: two warpgroups (and a producer).
   t.dq_warps = is_producer_dq(t.dq_impl) ? kWgmmaProducerWarps : t.dq_impl == 2 ? kWgmmaWarps : t.dq_block_h / 8;
   // Default dkv body: wgmma on sm_90a when the shape and the caller's tiles allow its one tile.
@@ -80,16 +100,17 @@ Tiles tiles_of(const ShapeInfo& s) {
   t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
   t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockR : 64;
   t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockD : 256;
+  // mma.sync with less shared memory: narrower column blocks first (they keep the rows a block shares), then fewer
+  // rows; only the fields the caller left to the planner.
+  if (!is_wgmma_dkv(t.dkv_impl)) {
+    while (smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) > limit && !s.dkv_block_d && t.dkv_block_d > 64)
+      t.dkv_block_d /= 2;
+    while (smla_dkv_smem_bytes(s.H, t.dkv_block_r, t.dkv_block_d) > limit && !s.dkv_block_r && t.dkv_block_r > 32)
+      t.dkv_block_r /= 2;
+  }
   t.dkv_warps = t.dkv_impl == 3 ? kDkvWgmmaProducerWarps : t.dkv_impl == 2 ? kDkvWgmmaWarps : 8;
   t.dkv_warps_m = 2;  // mma.sync's warp grid; passed to the wgmma body too, which ignores it
   return t;
-}
-
-// dq's shared memory: Q, dO and kv as common.cuh lays them out, then the dS and P tiles stored
-// transposed ([BLOCK_R][BLOCK_H + pad], see kernel_src/dq.cu), then the kv row flags.
-unsigned dq_smem_bytes(int block_h, int block_r) {
-  return smla_dq_qdo_bytes(block_h) + smla_dq_kv_bytes(block_r) + 2u * block_r * (block_h + SMLA_ROW_PAD) * 2u +
-         smla_dq_flag_bytes(block_r);
 }
 
 unsigned dq_smem_of(const Tiles& t) {
@@ -126,9 +147,11 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     if (t.dq_block_h != kWgmmaBlockH || t.dq_block_r != kWgmmaBlockR)
       e << what << " has one tile, 64 x 32 (asked " << t.dq_block_h << "x" << t.dq_block_r << "); ";
   }
-  if (dq_smem_of(t) > kMaxSmem)
+  const unsigned limit = smem_limit_of(s);
+  const std::string on_target = s.smem_limit ? " on this target" : "";
+  if (dq_smem_of(t) > limit)
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
-      << kMaxSmem << "); ";
+      << limit << on_target << "); ";
   // dkv_interm
   if (t.dkv_impl < 1 || t.dkv_impl > TileConfig::kMaxDkvImpl)
     e << "dkv_impl = " << t.dkv_impl
@@ -151,9 +174,9 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     if (t.dkv_block_r * t.dkv_block_d > 32768)
       e << "dkv tile " << t.dkv_block_r << "x" << t.dkv_block_d << " exceeds 32768 outputs; ";
   }
-  if (dkv_smem_of(t, s.H) > kMaxSmem)
+  if (dkv_smem_of(t, s.H) > limit)
     e << "dkv_interm tile " << t.dkv_block_r << "x" << t.dkv_block_d << " needs " << dkv_smem_of(t, s.H)
-      << " B of shared memory (max " << kMaxSmem << "); ";
+      << " B of shared memory (max " << limit << on_target << "); ";
   // csr
   if (s.radix_bits < kCsrMinRadixBits || s.radix_bits > 8)
     e << "radix_bits = " << s.radix_bits << " must be in [" << kCsrMinRadixBits << ", 8] (CUB's onesweep); ";
