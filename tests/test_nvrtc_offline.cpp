@@ -300,11 +300,13 @@ TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   EXPECT_EQ(k.smem_bytes, smla_dkv_wgmma_smem_bytes(128));
   EXPECT_LE(k.smem_bytes, 227u * 1024u);
   // The same shape elsewhere, or the mma.sync body asked for on sm_90a: no DKV_WGMMA define at all
-  // (the mma.sync kernels keep their cache keys), the same 64 x 256 tile with its own smem.
-  for (const char* target : {"sm_80", "sm_90"}) {
+  // (the mma.sync kernels keep their cache keys), the same 64 x 256 tile with its own smem where it fits (sm_90), a
+  // 64 x 128 one in an A100's 163 KB (sm_80).
+  for (auto [target, block_d] : {std::pair<const char*, int>{"sm_80", 128}, {"sm_90", 256}}) {
     k = dkv_of(shape_with_config(p, nullptr, budget, target));
     EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1) << target;
-    EXPECT_EQ(k.smem_bytes, smla_dkv_smem_bytes(128, 64, 256)) << target;
+    EXPECT_EQ(define_of(k, "BLOCK_D"), block_d) << target;
+    EXPECT_EQ(k.smem_bytes, smla_dkv_smem_bytes(128, 64, block_d)) << target;
   }
   TileConfig mma;
   mma.dkv_impl = 1;
