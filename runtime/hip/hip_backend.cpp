@@ -86,9 +86,14 @@ std::string HipBackend::target(int device) const {
 std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                                int device) {
   const Api& api = Api::require();
+  // Every kernel plan() loads passes here, compiled or taken from a cache: a processor the kernels
+  // are not written for is refused before anything runs on it.
+  std::string why;
+  if (!hip_target_supported(target(device), &why))
+    throw Error(Status::Unsupported, "device " + std::to_string(device) + ": " + why, __FILE__, __LINE__,
+                "hipModuleLoadData");
   make_current(api, device);
   if (hip_is_library_kernel(spec)) {  // nothing compiled: `binary` is empty
-    std::string why;
     const RocprimSort* sort = spec.stem == kRocprimStem ? RocprimSort::get(&why) : nullptr;
     if (!sort)
       throw Error(Status::Unsupported,

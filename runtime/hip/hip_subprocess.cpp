@@ -10,10 +10,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "hip_log.hpp"
 #include "hiprtc_compiler.hpp"
 #include "smla/smla.hpp"
 
@@ -125,6 +127,11 @@ TempDir::~TempDir() {
 std::string hip_worker_path(const std::string& hint) {
   const char* name = "smla-hiprtc-worker";
   if (!hint.empty()) return executable(hint) ? hint : "";
+  if (const char* env = std::getenv("SMLA_HIPRTC_WORKER"); env && *env) {
+    if (executable(env)) return env;
+    detail::warn_once(std::string("ignoring SMLA_HIPRTC_WORKER='") + env +
+                      "' (expected the path of the smla-hiprtc-worker executable)");
+  }
   std::vector<fs::path> dirs;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);

@@ -13,6 +13,7 @@
 
 #include "amdgpu_elf.hpp"
 #include "hip_api.hpp"
+#include "hip_log.hpp"
 #include "hip_subprocess.hpp"
 
 namespace smla::hip {
@@ -99,6 +100,43 @@ CompileResult compile_locked(const Api& api, const RenderedSource& src, const st
   return out;
 }
 
+// The HIP runtime version (HIP_VERSION: major * 10^7 + minor * 10^5 + patch) of the first ROCm whose
+// hipRTC compiles for `processor`, with its name; 0 where every ROCm smla loads (>= 5.0) does.
+std::pair<int, const char*> min_rocm_of(const std::string& processor) {
+  if (processor == "gfx950") return {70000000, "7.0"};
+  if (processor == "gfx942") return {50700000, "5.7"};
+  return {0, ""};
+}
+
+// "; gfx950 needs ROCm >= 7.0 (this is HIP 5.2.21153)" for the processors a ROCm may be too old for, else "".
+std::string rocm_hint(const std::string& target) {
+  const std::string proc = hip_target_processor(target);
+  const auto [version, name] = min_rocm_of(proc);
+  if (!version) return "";
+  std::string have;
+  if (const Api* api = Api::get()) {
+    try {
+      have = " (this is HIP " + hip_version_string(hip_runtime_version(*api)) + ")";
+    } catch (const std::exception&) {
+    }
+  }
+  return "; " + proc + " needs ROCm >= " + name + have;
+}
+
+// One source compiled in a worker process: a compile error is reported as the in-process compile reports it (the
+// worker's log is that message), any other end of the worker (a signal: hipRTC or LLVM aborted) names it.
+CompileResult compile_in_worker(const RenderedSource& src, const std::string& target, const std::string& exe) {
+  std::vector<HipWorkerResult> r = hip_compile_in_subprocesses({src}, target, 1, exe);
+  if (r.at(0).ok) return std::move(r[0].result);
+  if (r[0].exit_status == 2 && !r[0].result.log.empty())
+    throw Error(Status::CompileError, r[0].result.log, __FILE__, __LINE__, "hiprtcCompileProgram");
+  const std::string dumped = detail::dump_failed_source(src, target);
+  throw Error(Status::CompileError,
+              "smla-hiprtc-worker (" + exe + ") failed to compile " + src.name + " for " + target + ": " +
+                  r[0].error + "; source dumped to " + dumped,
+              __FILE__, __LINE__, "hiprtcCompileProgram");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- targets
@@ -112,6 +150,25 @@ std::string hip_default_target() { return hip_known_targets().front(); }
 
 std::string hip_target_processor(const std::string& target_id) {
   return target_id.substr(0, target_id.find(':'));
+}
+
+std::vector<std::string> hip_supported_processors() {
+  std::vector<std::string> out;
+  for (const std::string& k : hip_known_targets()) out.push_back(hip_target_processor(k));
+  return out;
+}
+
+bool hip_target_supported(const std::string& target, std::string* why) {
+  const std::vector<std::string> procs = hip_supported_processors();
+  const std::string proc = hip_target_processor(target);
+  if (std::find(procs.begin(), procs.end(), proc) != procs.end()) return true;
+  if (why) {
+    std::string list;
+    for (const std::string& p : procs) list += (list.empty() ? "" : ", ") + p;
+    *why = "AMD processor '" + proc + "' (target '" + target + "') is not supported: smla's AMD kernels use the bf16 " +
+           "MFMA instructions of " + list + " only (ROCm's compiler aborts on them for other processors)";
+  }
+  return false;
 }
 
 std::vector<std::string> hip_target_ids(const std::string& given) {
@@ -258,17 +315,40 @@ std::string HipRtcCompiler::base_identity() const {
 }
 
 CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::string& target) const {
-  const Api& api = Api::require();
-  if (probe_targets_) {
-    std::string why;
-    // A probe that could not run (no worker) is no verdict: compile here and accept the risk.
-    bool known = hip_target_known(target, &why, worker_);
-    if (!known && why.rfind("hipRTC cannot compile", 0) == 0)
-      throw Error(Status::CompileError,
-                  why + " (hipRTC of HIP " + hip_version_string(hip_runtime_version(api)) +
-                      "; gfx950 needs ROCm >= 7.0, gfx942 ROCm >= 5.7)",
-                  __FILE__, __LINE__, "hiprtcCompileProgram");
+  if (!probe_targets_) {  // the worker: compile here, as asked
+    const Api& api = Api::require();
+    std::lock_guard<std::mutex> lk(compile_mutex());
+    return compile_locked(api, src, target, options(target));
   }
+  std::string why;
+  if (!hip_target_supported(target, &why))
+    throw Error(Status::Unsupported, why, __FILE__, __LINE__, "hiprtcCompileProgram");
+  const Api& api = Api::require();
+  const std::string exe = hip_worker_path(worker_);
+  if (!exe.empty()) {
+    // A probe that could not run (the worker was killed, timed out) is no verdict: the compile
+    // itself runs in a worker too, so nothing is risked by going on.
+    const bool known = hip_target_known(target, &why, exe);
+    if (!known && why.rfind("hipRTC cannot compile", 0) == 0)
+      throw Error(Status::CompileError, why + rocm_hint(target), __FILE__, __LINE__, "hiprtcCompileProgram");
+    return compile_in_worker(src, target, exe);
+  }
+  // No worker: this process compiles, and a hipRTC abort would end it. Refuse what this ROCm is
+  // known to be too old for (hipRTC 5.x aborts on an unknown processor), warn about the rest.
+  const std::string proc = hip_target_processor(target);
+  const auto [need, need_name] = min_rocm_of(proc);
+  const int have = hip_runtime_version(api);
+  if (have < need)
+    throw Error(Status::CompileError,
+                "hipRTC of HIP " + hip_version_string(have) + " cannot compile for " + target + ": " + proc +
+                    " needs ROCm >= " + need_name +
+                    " (smla-hiprtc-worker was not found to probe it: set SMLA_HIPRTC_WORKER or install it next to "
+                    "the executable or libsmla)",
+                __FILE__, __LINE__, "hiprtcCompileProgram");
+  detail::warn_once(
+      "smla-hiprtc-worker not found (set SMLA_HIPRTC_WORKER to it, or install it next to the executable or "
+      "libsmla): hipRTC compiles in this process, where a compiler crash (ROCm's LLVM aborts on some errors) "
+      "ends the process");
   std::lock_guard<std::mutex> lk(compile_mutex());
   return compile_locked(api, src, target, options(target));
 }

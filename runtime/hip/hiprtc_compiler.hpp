@@ -16,6 +16,13 @@ namespace smla::hip {
 
 /// Targets smla builds for, as full target ids (what the devices report as gcnArchName).
 std::vector<std::string> hip_known_targets();
+/// The processors of hip_known_targets(), the only ones smla's AMD kernels are written for (their
+/// bf16 MFMA instructions): "gfx950", "gfx942", "gfx90a".
+std::vector<std::string> hip_supported_processors();
+/// Whether `target` names a supported processor. Anything else (gfx908, gfx1100, ...) is refused
+/// before any compile: ROCm's LLVM aborts the process compiling the kernels for it. `why` names
+/// the processor and the supported ones. Throws nothing.
+bool hip_target_supported(const std::string& target, std::string* why);
 /// gfx950 (MI355X), the op's home.
 std::string hip_default_target();
 /// "gfx942:sramecc+:xnack-" -> "gfx942".
@@ -26,9 +33,9 @@ std::string hip_target_processor(const std::string& target_id);
 /// xnack+ are returned. Anything else (another processor, an unknown feature) is returned as given.
 std::vector<std::string> hip_target_ids(const std::string& given);
 
-/// Path of the smla-hiprtc-worker executable: `hint` if given, else next to the running
-/// executable, next to the library holding smla (or its ../bin), else the build tree's bin/.
-/// Empty when none is found.
+/// Path of the smla-hiprtc-worker executable: `hint` if given, else $SMLA_HIPRTC_WORKER if set,
+/// else next to the running executable, next to the library holding smla (or its ../bin), else the
+/// build tree's bin/. Empty when none is found (or the one named is not an executable file).
 std::string hip_worker_path(const std::string& hint = "");
 
 /// Whether this hipRTC compiles for `target`: a tiny kernel is compiled once in a worker
@@ -36,10 +43,17 @@ std::string hip_worker_path(const std::string& hint = "");
 /// explains a no. Throws nothing.
 bool hip_target_known(const std::string& target, std::string* why, const std::string& worker = "");
 
+/// hipRTC behind smla::RtcCompiler.
+///
+/// compile() (what plan() calls) refuses unsupported targets (hip_target_supported), probes the
+/// target once in a worker, then compiles in an smla-hiprtc-worker process, so that a compiler
+/// crash (ROCm's LLVM aborts on some errors) becomes an smla::Error instead of the caller's death.
+/// Without a worker (none found: see hip_worker_path), it refuses a target the installed ROCm is
+/// too old for, and compiles in this process after a warning (once) saying how to provide one.
 class HipRtcCompiler : public RtcCompiler {
  public:
-  /// `probe_targets`: probe a target in a subprocess before its first in-process compile (off
-  /// only inside the worker itself). `worker`: path hint for hip_worker_path().
+  /// `probe_targets` false only inside the worker itself: compile in this process, as asked,
+  /// with no probe and no refusal. `worker`: path hint for hip_worker_path().
   explicit HipRtcCompiler(bool probe_targets = true, std::string worker = "");
 
   std::string family() const override { return "hip"; }
@@ -48,8 +62,9 @@ class HipRtcCompiler : public RtcCompiler {
   /// detail::hiprtc_env_options(). Never hiprtcVersion, which is hard-coded in the library.
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
-  /// Serialized by a process-wide mutex. Throws Status::CompileError carrying the hipRTC log and
-  /// the path of the dumped source.
+  /// In-process compiles are serialized by a process-wide mutex. Throws Status::Unsupported for a
+  /// processor smla does not support, Status::CompileError carrying the hipRTC log and the path of
+  /// the dumped source, or what ended the worker.
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
 
  private:

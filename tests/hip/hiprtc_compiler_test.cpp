@@ -9,6 +9,7 @@
 #include "hip_test_util.hpp"
 #include "runtime/hip/amdgpu_elf.hpp"
 #include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 
 namespace smla::hip {
@@ -101,6 +102,65 @@ TEST(HipRtcCompiler, CompilesForGfx950WhereThisHipRtcKnowsIt) {
   }
   expect_real_code_object(make_compiler().compile(test::mfma_source("smla_test_mfma"), target),
                           "smla_test_mfma", "gfx950");
+}
+
+TEST(HipRtcCompiler, RefusesProcessorsTheKernelsAreNotWrittenForBeforeAnyCompile) {
+  for (const std::string& t : hip_known_targets()) EXPECT_TRUE(hip_target_supported(t, nullptr)) << t;
+  for (const char* t : {"gfx90a", "gfx942", "gfx950", "gfx90a:xnack+"}) EXPECT_TRUE(hip_target_supported(t, nullptr)) << t;
+  for (const char* t : {"gfx908:sramecc+:xnack-", "gfx908", "gfx1100", "gfx940", "sm_90a", ""}) {
+    std::string why;
+    EXPECT_FALSE(hip_target_supported(t, &why)) << t;
+    EXPECT_NE(why.find(std::string("'") + hip_target_processor(t) + "'"), std::string::npos) << why;
+    for (const char* p : {"gfx90a", "gfx942", "gfx950"}) EXPECT_NE(why.find(p), std::string::npos) << why;
+  }
+  // gfx908 (MI100) has no bf16_1k MFMA: ROCm 5.2's LLVM aborted the whole process compiling for it
+  // (its probe passes). Refused before any worker runs: this one would leave a mark.
+  TempDir dir("smla-test");
+  const std::string mark = dir.path() + "/ran";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "touch '" + mark + "'\nexit 3");
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_test_gfx908"), "gfx908:sramecc+:xnack-");
+    ADD_FAILURE() << "compiling for gfx908 was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported) << e.message();
+    EXPECT_NE(e.message().find("gfx908"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("gfx950"), std::string::npos) << e.message();
+  }
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "a worker ran for an unsupported processor";
+}
+
+TEST(HipRtcCompiler, CompilesInTheWorkerSoThatACompilerCrashIsAnError) {
+  SMLA_REQUIRE_HIPRTC();
+  // What plan() calls: the probe passes, then the compile's worker dies as LLVM's abort would kill it.
+  TempDir dir("smla-test");
+  const std::string worker = test::probe_passing_worker(dir.path(), "smla-hiprtc-worker", "kill -ABRT $$");
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_test_crash"), "gfx90a");
+    ADD_FAILURE() << "the compile did not go through the worker (it would have died with it)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("killed by signal 6"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("smla_test_crash"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("source dumped to "), std::string::npos) << e.message();
+  }
+}
+
+TEST(HipRtcCompiler, WithoutAWorkerRefusesWhatThisRocmCannotCompileAndCompilesTheRest) {
+  SMLA_REQUIRE_HIPRTC();
+  HipRtcCompiler here(true, "/nonexistent/smla-hiprtc-worker");
+  const ElfInfo elf = read_elf(here.compile(test::mfma_source("smla_test_here"), "gfx90a").binary);
+  ASSERT_TRUE(elf.valid) << elf.error;
+  EXPECT_TRUE(contains(elf.symbols, "smla_test_here"));
+  if (hip_runtime_version(Api::require()) >= 70000000) GTEST_SKIP() << "this ROCm (>= 7.0) compiles for gfx950";
+  // ROCm 5.2's hipRTC died in this process on gfx950 (munmap_chunk(): invalid pointer), logging nothing.
+  try {
+    here.compile(test::mfma_source("smla_test_here"), "gfx950");
+    ADD_FAILURE() << "gfx950 compiled with ROCm < 7";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("gfx950 needs ROCm >= 7.0"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("SMLA_HIPRTC_WORKER"), std::string::npos) << e.message();
+  }
 }
 
 TEST(HipRtcCompiler, CompileErrorCarriesLogAndDumpedSource) {
