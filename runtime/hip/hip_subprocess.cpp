@@ -3,13 +3,19 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,15 +30,66 @@ extern char** environ;
 namespace smla::hip {
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+}  // namespace
+
 std::string ChildStatus::describe() const {
   if (!started) return "could not start: " + spawn_error;
+  if (timed_out) return "timed out after " + seconds_text(timeout_s) + " s (killed; SMLA_HIPRTC_TIMEOUT_S sets the limit)";
   if (exited) return "exit status " + std::to_string(code);
   return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
 }
 
+namespace detail {
+double parse_timeout_s(const char* v, std::string* warning) {
+  if (!v || !*v) return kDefaultWorkerTimeoutS;
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v, &end);
+  if (end != v && *end == '\0' && errno == 0 && std::isfinite(d) && d > 0) return d;
+  if (warning)
+    *warning = std::string("ignoring SMLA_HIPRTC_TIMEOUT_S='") + v + "' (expected a positive number of seconds); using " +
+               seconds_text(kDefaultWorkerTimeoutS);
+  return kDefaultWorkerTimeoutS;
+}
+}  // namespace detail
+
+double hip_worker_timeout_s() {
+  std::string warning;
+  const double t = detail::parse_timeout_s(std::getenv("SMLA_HIPRTC_TIMEOUT_S"), &warning);
+  if (!warning.empty()) detail::warn_once(warning);
+  return t;
+}
+
 namespace {
 
-ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp) {
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// SIGKILL through the pidfd where there is one: it cannot reach another process that reused the pid.
+void kill_child(pid_t pid, int pidfd) {
+#ifdef SYS_pidfd_send_signal
+  if (pidfd >= 0 && ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0) return;
+#endif
+  (void)pidfd;
+  ::kill(pid, SIGKILL);
+}
+
+ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp,
+                    double timeout_s) {
   ChildStatus st;
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -53,15 +110,43 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     return st;
   }
   st.started = true;
+  // Wait for this child only, polling so that a hung one is noticed: on its pidfd where the kernel
+  // has them (woken when it ends), else by sleeps of 1 ms growing to 50 ms.
+  const int pidfd = open_pidfd(pid);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
+  int sleep_ms = 1;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) {
+      if (errno == EINTR) continue;
       st.spawn_error = std::string("waitpid: ") + std::strerror(errno);
       st.started = false;
+      if (pidfd >= 0) close(pidfd);
       return st;
     }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (timeout_s > 0 && elapsed >= timeout_s) {
+      kill_child(pid, pidfd);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      st.timed_out = true;
+      st.timeout_s = timeout_s;
+      break;
+    }
+    int wait_ms = 1000;
+    if (timeout_s > 0) wait_ms = std::max(1, std::min(wait_ms, static_cast<int>((timeout_s - elapsed) * 1000) + 1));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      ::poll(&p, 1, wait_ms);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(sleep_ms, wait_ms)));
+      sleep_ms = std::min(sleep_ms * 2, 50);
+    }
   }
+  if (pidfd >= 0) close(pidfd);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (st.timed_out) return st;
   if (WIFEXITED(status)) {
     st.exited = true;
     st.code = WEXITSTATUS(status);
@@ -93,7 +178,7 @@ std::vector<std::string> worker_environment(const char* const* env) {
 }
 
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
-                                      const std::vector<std::string>& output_files) {
+                                      const std::vector<std::string>& output_files, double timeout_s) {
   std::vector<ChildStatus> out(argvs.size());
   std::vector<std::string> env = worker_environment(environ);
   std::vector<char*> envp;
@@ -102,7 +187,7 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next++) < argvs.size();)
-      out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data());
+      out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data(), timeout_s);
   };
   std::vector<std::thread> pool;
   size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size());

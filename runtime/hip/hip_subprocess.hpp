@@ -10,11 +10,25 @@ struct ChildStatus {
   bool exited = false;  // normal exit (then `code`), else killed by `signal`
   int code = -1;
   int signal = 0;
+  bool timed_out = false;  // still running after `timeout_s`: killed (SIGKILL) and reaped
+  double timeout_s = 0;
   double seconds = 0;
   std::string spawn_error;
-  /// "exit status 2", "killed by signal 6 (Aborted)", "could not start: ...".
+  /// "exit status 2", "killed by signal 6 (Aborted)", "timed out after 600 s (killed)",
+  /// "could not start: ...".
   std::string describe() const;
 };
+
+/// Seconds a worker may run before it is killed: SMLA_HIPRTC_TIMEOUT_S (a positive number),
+/// default 600. Read at every call; a value that cannot be read is ignored with a warning (once).
+double hip_worker_timeout_s();
+
+namespace detail {
+constexpr double kDefaultWorkerTimeoutS = 600;
+/// SMLA_HIPRTC_TIMEOUT_S's value `v` (null: unset) as seconds; kDefaultWorkerTimeoutS, with
+/// `warning` saying why, when it is not a positive finite number.
+double parse_timeout_s(const char* v, std::string* warning);
+}  // namespace detail
 
 /// The environment `env` (NULL-terminated, like environ) plus AMD_COMGR_CACHE=0 unless it sets
 /// AMD_COMGR_CACHE: what a hipRTC worker runs with.
@@ -24,9 +38,10 @@ std::vector<std::string> worker_environment(const char* const* env);
 /// environment worker_environment(environ); waits for its own children only (never
 /// waitpid(-1), which would reap the host application's children).
 /// When `output_files` is given, child i's stdout and stderr go to output_files[i] (hipRTC and
-/// LLVM print their fatal errors there).
+/// LLVM print their fatal errors there). A child still running `timeout_s` seconds after its start
+/// (> 0; <= 0: no limit) is killed with SIGKILL, reaped, and reported as timed out.
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
-                                      const std::vector<std::string>& output_files = {});
+                                      const std::vector<std::string>& output_files = {}, double timeout_s = 0);
 
 /// A fresh directory under $TMPDIR, removed with its content on destruction.
 class TempDir {

@@ -373,7 +373,7 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
     argvs.push_back({exe, base + ".req", base + ".co", base + ".log"});
     outputs.push_back(base + ".out");
   }
-  std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs);
+  std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs, hip_worker_timeout_s());
 
   std::vector<HipWorkerResult> out(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {

@@ -81,7 +81,8 @@ struct HipWorkerResult {
   int exit_status = -1;  // the worker's exit status (see hiprtc_worker.cpp); -1 if it died
 };
 
-/// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes.
+/// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes, each
+/// killed when still running after hip_worker_timeout_s() (SMLA_HIPRTC_TIMEOUT_S).
 /// Results are in the order of `sources`. Throws Status::CompileError only when no worker can
 /// be started (none found); per-source failures are reported in the results.
 std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<RenderedSource>& sources,

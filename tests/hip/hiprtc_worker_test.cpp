@@ -1,11 +1,16 @@
 // hiprtc_worker_test.cpp: parallel warm-up through smla-hiprtc-worker subprocesses.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "hip_test_util.hpp"
 #include "runtime/hip/amdgpu_elf.hpp"
 #include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 
 namespace smla::hip {
@@ -77,6 +82,67 @@ TEST(HipRtcWorker, MissingWorkerIsAClearError) {
     EXPECT_EQ(e.status(), Status::CompileError);
     EXPECT_NE(e.message().find("smla-hiprtc-worker"), std::string::npos);
   }
+}
+
+// Sets an environment variable for one scope (unset again, or its old value restored).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+TEST(HipRtcWorker, AHungWorkerIsKilledAfterTheTimeout) {
+  // A worker that never ends (hipRTC stuck on a file system, a deadlock) hung warm-up and plan() for ever.
+  TempDir dir("smla-test");
+  const std::string pid_file = dir.path() + "/pid";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "echo $$ > '" + pid_file + "'\nexec sleep 30");
+  ScopedEnv timeout("SMLA_HIPRTC_TIMEOUT_S", "1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_hung")}, "gfx90a", 1, worker);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 15.0) << "the hung worker was waited for";
+  EXPECT_GE(s, 0.9);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].error.find("timed out after 1 s"), std::string::npos) << r[0].error;
+  // Killed and reaped: its pid names no process any more (not even a zombie).
+  const pid_t pid = static_cast<pid_t>(std::atol(test::read_text(pid_file).c_str()));
+  ASSERT_GT(pid, 0);
+  EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " still exists";
+  // The compile plan() runs fails the same way, in time.
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_hung"), "gfx90a");
+    ADD_FAILURE() << "a hung worker compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("timed out after 1 s"), std::string::npos) << e.message();
+  }
+}
+
+TEST(HipRtcWorker, TimeoutKnobIsReadOrIgnoredWithAWarning) {
+  std::string w;
+  EXPECT_EQ(detail::parse_timeout_s(nullptr, &w), 600.0);
+  EXPECT_EQ(detail::parse_timeout_s("", &w), 600.0);
+  EXPECT_TRUE(w.empty()) << w;
+  EXPECT_EQ(detail::parse_timeout_s("2.5", &w), 2.5);
+  EXPECT_EQ(detail::parse_timeout_s("1200", &w), 1200.0);
+  EXPECT_TRUE(w.empty()) << w;
+  for (const char* bad : {"abc", "0", "-5", "10s", "inf", "nan", " "}) {
+    w.clear();
+    EXPECT_EQ(detail::parse_timeout_s(bad, &w), 600.0) << bad;
+    EXPECT_NE(w.find(std::string("ignoring SMLA_HIPRTC_TIMEOUT_S='") + bad + "'"), std::string::npos) << w;
+  }
+  ScopedEnv env("SMLA_HIPRTC_TIMEOUT_S", "7");
+  EXPECT_EQ(hip_worker_timeout_s(), 7.0);
 }
 
 TEST(HipRtcWorker, RequestRoundTrip) {
