@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -215,36 +216,77 @@ std::vector<std::string> hip_target_ids(const std::string& given) {
   return out;
 }
 
-bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
+namespace detail {
+
+ProbeVerdict probe_verdict(const HipWorkerResult& r) {
+  if (r.ok) return read_elf(r.result.binary).valid ? ProbeVerdict::Known : ProbeVerdict::Refused;
+  if (r.timed_out) return ProbeVerdict::NoVerdict;
+  // hipRTC reported an error on a one-line kernel: it does not know the target (ROCm >= 6 says so).
+  if (r.exit_status == 2) return ProbeVerdict::Refused;
+  // hipRTC or its LLVM crashed on it (ROCm 5.x aborts on a processor it does not know).
+  switch (r.signal) {
+    case SIGABRT:
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGILL:
+    case SIGFPE:
+      return ProbeVerdict::Refused;
+    default:
+      break;
+  }
+  // Anything else says nothing about the target: the worker could not try (3, 4), was killed
+  // (SIGKILL by the OOM killer, SIGTERM, SIGINT), its exit status was lost, it could not start.
+  return ProbeVerdict::NoVerdict;
+}
+
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker) {
   ProbeCache& c = probes();
   {
     std::lock_guard<std::mutex> lk(c.m);
     auto it = c.known.find(target);
     if (it != c.known.end()) {
       if (why) *why = it->second.second;
-      return it->second.first;
+      return it->second.first ? ProbeVerdict::Known : ProbeVerdict::Refused;
     }
   }
   RenderedSource probe{"smla_probe.cpp", kProbeSource, {}};
   std::vector<HipWorkerResult> r;
-  std::string reason;
   try {
     r = hip_compile_in_subprocesses({probe}, target, 1, worker);
-  } catch (const Error& e) {
-    if (why) *why = e.message();
-    return false;  // not cached: a worker may appear later (e.g. a path hint)
+  } catch (const std::exception& e) {
+    if (why) *why = std::string("the hipRTC probe of ") + target + " could not run: " + e.what();
+    return ProbeVerdict::NoVerdict;  // not cached: a worker may appear later (e.g. a path hint)
   }
-  bool ok = r[0].ok && read_elf(r[0].result.binary).valid;
-  if (r[0].exit_status == 3 || r[0].exit_status == 4) {  // the worker could not try: no verdict
-    if (why) *why = "the hipRTC probe worker failed: " + r[0].error + " " + r[0].result.log;
-    return false;
+  const ProbeVerdict v = probe_verdict(r.at(0));
+  if (v == ProbeVerdict::NoVerdict) {  // not cached: the next compile probes again
+    if (why) {
+      *why = "the hipRTC probe of " + target + " gave no verdict: " + r[0].error;
+      if (!r[0].result.log.empty()) *why += "; " + r[0].result.log;
+    }
+    return v;
   }
-  if (!ok) reason = "hipRTC cannot compile for " + target + ": " + r[0].error;
+  std::string reason;
+  if (v == ProbeVerdict::Refused) {
+    reason = "hipRTC cannot compile for " + target + ": ";
+    reason += r[0].ok ? "its code object is not a valid AMDGPU ELF" : r[0].error;
+    reason += rocm_hint(target);
+  }
   std::lock_guard<std::mutex> lk(c.m);
-  c.known[target] = {ok, reason};
-  if (ok && c.any_binary.empty()) c.any_binary = r[0].result.binary;
+  c.known[target] = {v == ProbeVerdict::Known, reason};
+  if (v == ProbeVerdict::Known && c.any_binary.empty()) c.any_binary = r[0].result.binary;
   if (why) *why = reason;
-  return ok;
+  return v;
+}
+
+void forget_probes() {
+  std::lock_guard<std::mutex> lk(probes().m);
+  probes().known.clear();
+}
+
+}  // namespace detail
+
+bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
+  return detail::probe_target(target, why, worker) == detail::ProbeVerdict::Known;
 }
 
 // ---------------------------------------------------------------- compiler
@@ -298,10 +340,11 @@ std::string HipRtcCompiler::base_identity() const {
     std::vector<uint8_t> bin;
     const std::string fallback = "gfx90a";
     std::string why;
-    if (hip_target_known(fallback, &why, worker_)) {
+    const detail::ProbeVerdict v = detail::probe_target(fallback, &why, worker_);
+    if (v == detail::ProbeVerdict::Known) {
       std::lock_guard<std::mutex> lk(probes().m);
       bin = probes().any_binary;
-    } else if (why.rfind("hipRTC cannot compile", 0) != 0) {  // no worker: no verdict
+    } else if (v == detail::ProbeVerdict::NoVerdict) {  // no worker, or it failed: gfx90a is safe here
       std::lock_guard<std::mutex> lk(compile_mutex());
       bin = compile_locked(api, RenderedSource{"smla_probe.cpp", kProbeSource, {}}, fallback,
                            options(fallback)).binary;
@@ -328,9 +371,8 @@ CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::stri
   if (!exe.empty()) {
     // A probe that could not run (the worker was killed, timed out) is no verdict: the compile
     // itself runs in a worker too, so nothing is risked by going on.
-    const bool known = hip_target_known(target, &why, exe);
-    if (!known && why.rfind("hipRTC cannot compile", 0) == 0)
-      throw Error(Status::CompileError, why + rocm_hint(target), __FILE__, __LINE__, "hiprtcCompileProgram");
+    if (detail::probe_target(target, &why, exe) == detail::ProbeVerdict::Refused)
+      throw Error(Status::CompileError, why, __FILE__, __LINE__, "hiprtcCompileProgram");
     return compile_in_worker(src, target, exe);
   }
   // No worker: this process compiles, and a hipRTC abort would end it. Refuse what this ROCm is
@@ -382,6 +424,8 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
     out[i].result.log.assign(log.begin(), log.end());
     out[i].result.seconds = st[i].seconds;
     out[i].exit_status = st[i].exited ? st[i].code : -1;
+    out[i].signal = st[i].started && !st[i].exited ? st[i].signal : 0;
+    out[i].timed_out = st[i].timed_out;
     if (st[i].exited && st[i].code == 0) {
       out[i].result.binary = read_file(base + ".co");
       out[i].ok = !out[i].result.binary.empty();

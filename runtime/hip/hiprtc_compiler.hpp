@@ -38,9 +38,10 @@ std::vector<std::string> hip_target_ids(const std::string& given);
 /// build tree's bin/. Empty when none is found (or the one named is not an executable file).
 std::string hip_worker_path(const std::string& hint = "");
 
-/// Whether this hipRTC compiles for `target`: a tiny kernel is compiled once in a worker
-/// subprocess (so an abort cannot take this process down) and the answer is cached. `why`
-/// explains a no. Throws nothing.
+/// Whether this hipRTC compiles for `target`: a tiny kernel is compiled in a worker subprocess (so
+/// an abort cannot take this process down). A definite answer is cached for the process's life
+/// (see detail::probe_verdict); a probe that gave none (the worker was killed, timed out, could
+/// not try) is not, and the next call probes again. `why` explains a no. Throws nothing.
 bool hip_target_known(const std::string& target, std::string* why, const std::string& worker = "");
 
 /// hipRTC behind smla::RtcCompiler.
@@ -79,6 +80,8 @@ struct HipWorkerResult {
   CompileResult result;  // binary when ok; the log in any case
   std::string error;     // what failed (exit status, signal, the dumped-source path)
   int exit_status = -1;  // the worker's exit status (see hiprtc_worker.cpp); -1 if it died
+  int signal = 0;        // the signal that ended it, if one did
+  bool timed_out = false;
 };
 
 /// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes, each
@@ -90,6 +93,17 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
                                                          const std::string& worker = "");
 
 namespace detail {
+enum class ProbeVerdict { Known, Refused, NoVerdict };
+/// What a target probe's worker result says. Known: a valid code object. Refused, a definite no:
+/// hipRTC reported an error on the one-line probe kernel (exit 2), or crashed on it (SIGABRT,
+/// SIGSEGV, SIGBUS, SIGILL, SIGFPE; ROCm 5.x aborts on a processor it does not know), or produced
+/// no valid AMDGPU ELF. NoVerdict: anything else (the worker could not try, was killed by SIGKILL
+/// or SIGTERM, timed out, could not start, its exit status was lost).
+ProbeVerdict probe_verdict(const HipWorkerResult& r);
+/// hip_target_known with the verdict; a Refused `why` adds, for gfx950 and gfx942, the ROCm they need.
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "");
+/// Forgets the cached verdicts (tests).
+void forget_probes();
 /// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and
 /// non-empty: options hipRTC adds to every compile or link, so part of the compiler identity.
 std::string hiprtc_env_options();

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,7 +91,9 @@ TEST(HipRtcCompiler, CompilesForGfx950WhereThisHipRtcKnowsIt) {
   SMLA_REQUIRE_HIPRTC();
   std::string why;
   const std::string target = hip_default_target();
-  if (!hip_target_known(target, &why, SMLA_HIPRTC_WORKER_PATH)) {
+  const detail::ProbeVerdict v = detail::probe_target(target, &why, SMLA_HIPRTC_WORKER_PATH);
+  ASSERT_NE(v, detail::ProbeVerdict::NoVerdict) << why;  // a failed probe is a failure, not a skip
+  if (v == detail::ProbeVerdict::Refused) {
     // The process must survive asking for it: a clean CompileError, not a hipRTC abort.
     try {
       make_compiler().compile(test::mfma_source("smla_test_mfma"), target);
@@ -179,6 +182,68 @@ TEST(HipRtcCompiler, CompileErrorCarriesLogAndDumpedSource) {
     EXPECT_NE(path.find("smla-failed/smla_broken-"), std::string::npos) << path;
     EXPECT_EQ(test::read_text(path), bad.text);
   }
+}
+
+TEST(HipTargetProbe, OnlyADefiniteRefusalIsAVerdictAgainst) {
+  using detail::ProbeVerdict;
+  auto verdict = [](int exit_status, int signal, bool timed_out = false) {
+    HipWorkerResult r;
+    r.exit_status = exit_status;
+    r.signal = signal;
+    r.timed_out = timed_out;
+    return detail::probe_verdict(r);
+  };
+  EXPECT_EQ(verdict(2, 0), ProbeVerdict::Refused);  // hipRTC's error on a one-line kernel
+  for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::Refused) << sig;
+  for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::NoVerdict) << sig;
+  EXPECT_EQ(verdict(-1, SIGKILL, true), ProbeVerdict::NoVerdict);  // timed out
+  for (int code : {1, 3, 4, 5, 127}) EXPECT_EQ(verdict(code, 0), ProbeVerdict::NoVerdict) << code;
+  EXPECT_EQ(verdict(-1, 0), ProbeVerdict::NoVerdict);  // could not start, status lost
+  HipWorkerResult junk;
+  junk.ok = true;
+  junk.exit_status = 0;
+  junk.result.binary = {1, 2, 3};
+  EXPECT_EQ(detail::probe_verdict(junk), ProbeVerdict::Refused);
+}
+
+TEST(HipTargetProbe, AKilledProbeIsNoVerdictAndTheNextProbeDecides) {
+  detail::forget_probes();
+  TempDir dir("smla-test");
+  const std::string target = "gfx90a:sramecc+:xnack-";
+  std::string why;
+  // The OOM killer's SIGKILL, a SIGTERM, a timeout: nothing about the target. They were cached
+  // for the process's life as "hipRTC cannot compile for gfx90a".
+  for (const char* sig : {"KILL", "TERM"}) {
+    const std::string w = test::write_script(dir.path(), std::string("w-") + sig, std::string("kill -") + sig + " $$");
+    EXPECT_EQ(detail::probe_target(target, &why, w), detail::ProbeVerdict::NoVerdict) << sig;
+    EXPECT_NE(why.find("gave no verdict"), std::string::npos) << why;
+    EXPECT_EQ(why.find("cannot compile"), std::string::npos) << why;
+  }
+  SMLA_REQUIRE_HIPRTC();
+  EXPECT_TRUE(hip_target_known(target, &why, SMLA_HIPRTC_WORKER_PATH)) << why;
+  detail::forget_probes();
+}
+
+TEST(HipTargetProbe, ACrashOnTheProbeIsCachedAndNamesTheRocmOnlyWhereOneIsNeeded) {
+  detail::forget_probes();
+  TempDir dir("smla-test");
+  const std::string aborts = test::write_script(dir.path(), "w-abrt", "echo 'LLVM ERROR: fake' >&2\nkill -ABRT $$");
+  std::string why;
+  EXPECT_EQ(detail::probe_target("gfx942:sramecc+:xnack-", &why, aborts), detail::ProbeVerdict::Refused);
+  EXPECT_NE(why.find("hipRTC cannot compile for gfx942:sramecc+:xnack-"), std::string::npos) << why;
+  EXPECT_NE(why.find("killed by signal 6"), std::string::npos) << why;
+  EXPECT_NE(why.find("LLVM ERROR: fake"), std::string::npos) << why;
+  EXPECT_NE(why.find("gfx942 needs ROCm >= 5.7"), std::string::npos) << why;
+  // Cached: no worker runs for it again.
+  const std::string mark = dir.path() + "/ran";
+  const std::string marks = test::write_script(dir.path(), "w-mark", "touch '" + mark + "'\nexit 3");
+  EXPECT_FALSE(hip_target_known("gfx942:sramecc+:xnack-", &why, marks));
+  EXPECT_NE(why.find("hipRTC cannot compile"), std::string::npos) << why;
+  EXPECT_FALSE(std::filesystem::exists(mark));
+  // gfx90a: every ROCm smla loads knows it, so no version is named.
+  EXPECT_EQ(detail::probe_target("gfx90a:sramecc-:xnack+", &why, aborts), detail::ProbeVerdict::Refused);
+  EXPECT_EQ(why.find("ROCm >="), std::string::npos) << why;
+  detail::forget_probes();
 }
 
 TEST(AmdgpuElf, RejectsWhatIsNotAnAmdgpuObject) {
