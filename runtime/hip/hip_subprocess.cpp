@@ -42,6 +42,8 @@ std::string seconds_text(double s) {
 
 std::string ChildStatus::describe() const {
   if (!started) return "could not start: " + spawn_error;
+  if (lost)
+    return "ended, but its exit status was lost (waitpid: no child: does this process set SIGCHLD to SIG_IGN?)";
   if (timed_out) return "timed out after " + seconds_text(timeout_s) + " s (killed; SMLA_HIPRTC_TIMEOUT_S sets the limit)";
   if (exited) return "exit status " + std::to_string(code);
   return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
@@ -103,7 +105,19 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
-  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp);
+  // The host's signal mask and ignored SIGCHLD / SIGPIPE are no business of the child's.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGCHLD);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), envp);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     st.spawn_error = std::string(args[0]) + ": " + std::strerror(rc);
@@ -120,6 +134,10 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     if (r == pid) break;
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (errno == ECHILD) {  // reaped by the kernel (SIGCHLD ignored): ended, status unknown
+        st.lost = true;
+        break;
+      }
       st.spawn_error = std::string("waitpid: ") + std::strerror(errno);
       st.started = false;
       if (pidfd >= 0) close(pidfd);
@@ -146,7 +164,7 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
   }
   if (pidfd >= 0) close(pidfd);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (st.timed_out) return st;
+  if (st.timed_out || st.lost) return st;
   if (WIFEXITED(status)) {
     st.exited = true;
     st.code = WEXITSTATUS(status);

@@ -12,6 +12,10 @@ struct ChildStatus {
   int signal = 0;
   bool timed_out = false;  // still running after `timeout_s`: killed (SIGKILL) and reaped
   double timeout_s = 0;
+  /// It ended, but its exit status could not be collected (waitpid: ECHILD), as when the host
+  /// process sets SIGCHLD to SIG_IGN: the kernel reaps the child itself. The caller judges it by
+  /// what it wrote (the hipRTC worker writes a status file last).
+  bool lost = false;
   double seconds = 0;
   std::string spawn_error;
   /// "exit status 2", "killed by signal 6 (Aborted)", "timed out after 600 s (killed)",
@@ -35,8 +39,9 @@ double parse_timeout_s(const char* v, std::string* warning);
 std::vector<std::string> worker_environment(const char* const* env);
 
 /// Runs each argv (argv[0] is the executable path) with at most `jobs` at once, in the
-/// environment worker_environment(environ); waits for its own children only (never
-/// waitpid(-1), which would reap the host application's children).
+/// environment worker_environment(environ), with no signal blocked and SIGCHLD and SIGPIPE at
+/// their defaults; waits for its own children only (never waitpid(-1), which would reap the host
+/// application's children).
 /// When `output_files` is given, child i's stdout and stderr go to output_files[i] (hipRTC and
 /// LLVM print their fatal errors there). A child still running `timeout_s` seconds after its start
 /// (> 0; <= 0: no limit) is killed with SIGKILL, reaped, and reported as timed out.

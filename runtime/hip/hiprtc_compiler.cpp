@@ -412,7 +412,7 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
     detail::write_request(base + ".req", sources[i], target);
-    argvs.push_back({exe, base + ".req", base + ".co", base + ".log"});
+    argvs.push_back({exe, "--status", base + ".status", base + ".req", base + ".co", base + ".log"});
     outputs.push_back(base + ".out");
   }
   std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs, hip_worker_timeout_s());
@@ -420,6 +420,19 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
   std::vector<HipWorkerResult> out(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
+    if (st[i].lost) {
+      // Its exit status went to the kernel (SIGCHLD ignored here): the worker writes it last to
+      // a file, so a file says how it ended, and none says it did not finish.
+      std::vector<uint8_t> status = read_file(base + ".status");
+      std::string text(status.begin(), status.end());
+      char* end = nullptr;
+      const long code = std::strtol(text.c_str(), &end, 10);
+      if (!text.empty() && end && *end == '\n' && code >= 0 && code < 256) {
+        st[i].lost = false;
+        st[i].exited = true;
+        st[i].code = static_cast<int>(code);
+      }
+    }
     std::vector<uint8_t> log = read_file(base + ".log");
     out[i].result.log.assign(log.begin(), log.end());
     out[i].result.seconds = st[i].seconds;
@@ -432,6 +445,7 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
       if (!out[i].ok) out[i].error = "the worker wrote no code object";
     } else {
       out[i].error = st[i].describe();
+      if (st[i].lost) out[i].error += "; it wrote no status file: it died before finishing";
       if (st[i].exited && st[i].code == 2) out[i].error += "; " + out[i].result.log;
       // What the worker printed (an LLVM fatal error, a libc abort) says why it died.
       std::vector<uint8_t> printed = read_file(base + ".out");

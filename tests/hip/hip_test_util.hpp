@@ -80,7 +80,7 @@ inline std::string write_script(const std::string& dir, const std::string& name,
 /// `otherwise` (shell) for everything else.
 inline std::string probe_passing_worker(const std::string& dir, const std::string& name, const std::string& otherwise) {
   return write_script(dir, name,
-                      "if grep -q smla_probe \"$1\"; then exec '" SMLA_HIPRTC_WORKER_PATH "' \"$@\"; fi\n" + otherwise);
+                      "if grep -qs -e smla_probe -- \"$@\"; then exec '" SMLA_HIPRTC_WORKER_PATH "' \"$@\"; fi\n" + otherwise);
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& s) {

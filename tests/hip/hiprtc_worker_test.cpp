@@ -145,6 +145,51 @@ TEST(HipRtcWorker, TimeoutKnobIsReadOrIgnoredWithAWarning) {
   EXPECT_EQ(hip_worker_timeout_s(), 7.0);
 }
 
+// SIGCHLD set to SIG_IGN for one scope, as servers and daemons often do: the kernel then reaps
+// every child itself and waitpid fails with ECHILD.
+class IgnoreSigchld {
+ public:
+  IgnoreSigchld() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGCHLD, &sa, &old_);
+  }
+  ~IgnoreSigchld() { sigaction(SIGCHLD, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
+TEST(HipRtcWorker, WorksInAProcessThatIgnoresSigchld) {
+  TempDir dir("smla-test");
+  IgnoreSigchld ignore;
+  // A worker that ended normally was reported as "could not start: waitpid: No child processes".
+  const std::string fails = test::write_script(dir.path(), "w-fail",
+                                               "for a; do log=$a; done\necho 'fake compile error' > \"$log\"\n"
+                                               "[ \"$1\" = --status ] && echo 2 > \"$2\"\nexit 2");
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, fails);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_EQ(r[0].exit_status, 2) << r[0].error;
+  EXPECT_NE(r[0].error.find("exit status 2; fake compile error"), std::string::npos) << r[0].error;
+  // One that died wrote no status: that is said, and it is not taken for one that could not start.
+  const std::string killed = test::write_script(dir.path(), "w-kill", "kill -KILL $$");
+  r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, killed);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].error.find("SIGCHLD"), std::string::npos) << r[0].error;
+  EXPECT_NE(r[0].error.find("died before finishing"), std::string::npos) << r[0].error;
+  EXPECT_EQ(r[0].error.find("could not start"), std::string::npos) << r[0].error;
+  EXPECT_EQ(detail::probe_verdict(r[0]), detail::ProbeVerdict::NoVerdict);
+
+  SMLA_REQUIRE_HIPRTC();
+  r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, SMLA_HIPRTC_WORKER_PATH);
+  ASSERT_TRUE(r[0].ok) << r[0].error;
+  EXPECT_TRUE(read_elf(r[0].result.binary).valid);
+  detail::forget_probes();  // the probe too runs with SIGCHLD ignored
+  CompileResult c = HipRtcCompiler(true, SMLA_HIPRTC_WORKER_PATH).compile(test::mfma_source("smla_ign"), "gfx90a");
+  EXPECT_EQ(c.binary, r[0].result.binary);
+}
+
 TEST(HipRtcWorker, RequestRoundTrip) {
   RenderedSource s{"a.hip", std::string("x\n0\n\0binary", 12), {{"h.h", "3\n"}, {"e.h", ""}}};
   std::string path = (std::filesystem::temp_directory_path() / "smla-req-test").string();
