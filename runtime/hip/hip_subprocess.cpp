@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +19,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "hip_log.hpp"
@@ -214,8 +218,77 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   return out;
 }
 
+namespace detail {
+
+const std::string& host_name() {
+  static const std::string h = [] {
+    char buf[256] = {};
+    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
+    std::string s(buf);
+    for (char& c : s)
+      if (c == '/' || c == ' ') c = '_';
+    return s;
+  }();
+  return h;
+}
+
+int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, long min_age_s) {
+  int removed = 0;
+  const time_t now = time(nullptr);
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) continue;
+    const long age = static_cast<long>(now - st.st_mtime);
+    bool stale = false;
+    if (name.size() == prefix.size() + 7 && name.compare(0, prefix.size() + 1, prefix + "-") == 0) {
+      stale = age > 24 * 3600;  // the older spelling: no owner to ask
+    } else if (name.compare(0, prefix.size() + 1, prefix + ".") == 0) {
+      // <prefix>.<host>.<pid>.<random>; the host may itself contain dots.
+      const std::string rest = name.substr(prefix.size() + 1);
+      const size_t d2 = rest.rfind('.');
+      const size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : rest.rfind('.', d2 - 1);
+      if (d1 == std::string::npos || d1 == 0) continue;
+      const std::string host = rest.substr(0, d1), pid_text = rest.substr(d1 + 1, d2 - d1 - 1);
+      char* e = nullptr;
+      const long pid = std::strtol(pid_text.c_str(), &e, 10);
+      if (host != host_name() || pid_text.empty() || *e || pid <= 0 || pid == getpid()) continue;
+      stale = age > min_age_s && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    }
+    if (!stale) continue;
+    std::error_code rec;
+    fs::remove_all(it->path(), rec);
+    if (!rec) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace detail
+
 TempDir::TempDir(const std::string& prefix) {
-  std::string tmpl = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) {
+    const char* env = std::getenv("TMPDIR");
+    throw Error(Status::Internal,
+                "no temporary directory for " + prefix + ": " + ec.message() +
+                    (env ? std::string(" (TMPDIR='") + env + "': set it to an existing writable directory)" : ""),
+                __FILE__, __LINE__, "mkdtemp");
+  }
+  {
+    // Once per (directory, prefix) in a process: what interrupted processes left behind.
+    static std::mutex m;
+    static std::set<std::string> cleaned;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lk(m);
+      first = cleaned.insert(tmp.string() + "\n" + prefix).second;
+    }
+    if (first) detail::clean_stale_temp_dirs(tmp.string(), prefix, detail::kStaleTempDirS);
+  }
+  std::string tmpl =
+      (tmp / (prefix + "." + detail::host_name() + "." + std::to_string(getpid()) + ".XXXXXX")).string();
   if (!mkdtemp(&tmpl[0]))
     throw Error(Status::Internal, "cannot create a temporary directory " + tmpl + ": " + std::strerror(errno),
                 __FILE__, __LINE__, "mkdtemp");

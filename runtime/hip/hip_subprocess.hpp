@@ -48,7 +48,10 @@ std::vector<std::string> worker_environment(const char* const* env);
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
                                       const std::vector<std::string>& output_files = {}, double timeout_s = 0);
 
-/// A fresh directory under $TMPDIR, removed with its content on destruction.
+/// A fresh directory $TMPDIR/<prefix>.<host>.<pid>.XXXXXX, removed with its content on
+/// destruction. The first one of a prefix in a process removes those that dead processes of this
+/// host left behind (detail::clean_stale_temp_dirs): an interrupted process leaves its own.
+/// Throws smla::Error naming $TMPDIR when it cannot be created.
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix);
@@ -60,5 +63,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+namespace detail {
+/// This host's name as the temporary directories carry it ('/' and ' ' replaced).
+const std::string& host_name();
+/// Removes, under `dir`, this user's directories `<prefix>.<host>.<pid>.<random>` of this host
+/// whose process is gone (kill(pid, 0): ESRCH) and that nothing modified for `min_age_s` seconds (a
+/// dead pid alone is no proof: another PID namespace may share the host name), and those of the
+/// older spelling `<prefix>-XXXXXX` (no owner recorded) untouched for a day. Returns how many.
+int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, long min_age_s);
+/// How old a dead process's directory must be before TempDir removes it: an hour.
+constexpr long kStaleTempDirS = 3600;
+}  // namespace detail
 
 }  // namespace smla::hip

@@ -1,6 +1,8 @@
 // hiprtc_compiler.cpp: see hiprtc_compiler.hpp.
 #include "hiprtc_compiler.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -412,7 +414,8 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
     detail::write_request(base + ".req", sources[i], target);
-    argvs.push_back({exe, "--status", base + ".status", base + ".req", base + ".co", base + ".log"});
+    argvs.push_back({exe, "--status", base + ".status", "--parent", std::to_string(getpid()), base + ".req",
+                     base + ".co", base + ".log"});
     outputs.push_back(base + ".out");
   }
   std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs, hip_worker_timeout_s());

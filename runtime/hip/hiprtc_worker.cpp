@@ -1,14 +1,22 @@
 // smla-hiprtc-worker: compiles one rendered source with hipRTC, in its own process.
 //
-//   smla-hiprtc-worker [--status <status-out>] <request> <code-object-out> <log-out>
+//   smla-hiprtc-worker [--status <status-out>] [--parent <pid>] <request> <code-object-out> <log-out>
 //
 // The request is written by detail::write_request. Exit status: 0 compiled, 2 compile error
-// (log written), 3 bad usage or I/O, 4 hipRTC unavailable. A hipRTC abort (unknown target,
-// LLVM selection error) kills only this process; the parent reports the signal.
+// (log written), 3 bad usage or I/O, 4 hipRTC unavailable, 5 its parent is gone. A hipRTC abort
+// (unknown target, LLVM selection error) kills only this process; the parent reports the signal.
+// The worker dies with its parent (PR_SET_PDEATHSIG: SIGKILL): an interrupted parent leaves no
+// compile running. With --parent, it first checks that its parent is still that process (it may
+// have died before the death signal was armed) and exits 5 otherwise.
 // With --status, the exit status is also written to <status-out> ("<code>\n"), last, after every
 // other output is closed: a parent that cannot collect the exit status (its SIGCHLD is ignored)
 // judges the worker by that file, and a worker that died wrote none.
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -21,6 +29,7 @@ namespace {
 
 struct Args {
   const char* status = nullptr;
+  long parent = 0;
   const char* request = nullptr;
   const char* code_object = nullptr;
   const char* log = nullptr;
@@ -29,8 +38,15 @@ struct Args {
 bool parse(int argc, char** argv, Args* a) {
   int i = 1;
   for (; i + 1 < argc && std::strncmp(argv[i], "--", 2) == 0; i += 2) {
-    if (std::strcmp(argv[i], "--status") == 0) a->status = argv[i + 1];
-    else return false;
+    if (std::strcmp(argv[i], "--status") == 0) {
+      a->status = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--parent") == 0) {
+      char* end = nullptr;
+      a->parent = std::strtol(argv[i + 1], &end, 10);
+      if (*end || a->parent <= 0) return false;
+    } else {
+      return false;
+    }
   }
   if (argc - i != 3) return false;
   a->request = argv[i];
@@ -84,10 +100,16 @@ void write_status(const char* path, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // before anything that could block
   Args a;
   if (!parse(argc, argv, &a)) {
-    std::cerr << "usage: smla-hiprtc-worker [--status <status-out>] <request> <code-object-out> <log-out>\n";
+    std::cerr << "usage: smla-hiprtc-worker [--status <status-out>] [--parent <pid>] <request> <code-object-out> "
+                 "<log-out>\n";
     return 3;
+  }
+  if (a.parent && getppid() != static_cast<pid_t>(a.parent)) {
+    std::cerr << "smla-hiprtc-worker: parent " << a.parent << " is gone\n";
+    return 5;
   }
   const int code = compile(a);
   if (a.status) write_status(a.status, code);
