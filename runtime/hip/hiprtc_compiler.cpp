@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -161,7 +162,43 @@ std::vector<std::string> hip_supported_processors() {
   return out;
 }
 
+namespace {
+
+// Target-id syntax (LLVM's): a processor "gfx" + hex digits, then ":<feature><+|->" for each of
+// sramecc and xnack at most once. Empty when `target` is well formed, else what is wrong.
+std::string target_id_error(const std::string& target) {
+  const std::string example = " (smla supports gfx90a, gfx942 and gfx950: e.g. gfx942 or gfx942:sramecc+:xnack-)";
+  const std::string proc = hip_target_processor(target);
+  bool hex = proc.size() > 3 && proc.compare(0, 3, "gfx") == 0;
+  for (size_t i = 3; hex && i < proc.size(); ++i) hex = std::isxdigit(static_cast<unsigned char>(proc[i])) &&
+                                                       !std::isupper(static_cast<unsigned char>(proc[i]));
+  if (!hex) return "'" + proc + "' is not an AMD processor name" + example;
+  std::vector<std::string> seen;
+  for (size_t b = target.find(':'); b != std::string::npos;) {
+    const size_t e = target.find(':', b + 1);
+    const std::string f = target.substr(b + 1, e == std::string::npos ? e : e - b - 1);
+    const char sign = f.empty() ? '\0' : f.back();
+    const std::string name = f.empty() ? f : f.substr(0, f.size() - 1);
+    if (name != "sramecc" && name != "xnack") {
+      if (sign != '+' && sign != '-' && (f == "sramecc" || f == "xnack"))
+        return "the feature '" + f + "' needs a + or -" + example;
+      return "unknown feature '" + f + "' (features: sramecc+/-, xnack+/-)" + example;
+    }
+    if (sign != '+' && sign != '-') return "the feature '" + f + "' needs a + or -" + example;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) return "the feature " + name + " is named twice";
+    seen.push_back(name);
+    b = e;
+  }
+  return "";
+}
+
+}  // namespace
+
 bool hip_target_supported(const std::string& target, std::string* why) {
+  if (const std::string bad = target_id_error(target); !bad.empty()) {
+    if (why) *why = "malformed AMD target id '" + target + "': " + bad;
+    return false;
+  }
   const std::vector<std::string> procs = hip_supported_processors();
   const std::string proc = hip_target_processor(target);
   if (std::find(procs.begin(), procs.end(), proc) != procs.end()) return true;
@@ -175,6 +212,7 @@ bool hip_target_supported(const std::string& target, std::string* why) {
 }
 
 std::vector<std::string> hip_target_ids(const std::string& given) {
+  if (!target_id_error(given).empty()) return {given};  // refused, saying why, where it is used
   const std::string proc = hip_target_processor(given);
   std::string known;
   for (const std::string& k : hip_known_targets())
@@ -242,6 +280,9 @@ ProbeVerdict probe_verdict(const HipWorkerResult& r) {
 }
 
 ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker) {
+  // A malformed id or another processor is refused as such: no worker runs (hipRTC took
+  // "gfx90a:xnack" for a target and crashed on it; it aborts compiling the kernels for gfx908).
+  if (!hip_target_supported(target, why)) return ProbeVerdict::Refused;
   ProbeCache& c = probes();
   {
     std::lock_guard<std::mutex> lk(c.m);
@@ -288,7 +329,12 @@ void forget_probes() {
 }  // namespace detail
 
 bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
-  return detail::probe_target(target, why, worker) == detail::ProbeVerdict::Known;
+  try {
+    return detail::probe_target(target, why, worker) == detail::ProbeVerdict::Known;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: this one throws nothing
+    if (why) *why = std::string("the hipRTC probe of ") + target + " failed: " + e.what();
+    return false;
+  }
 }
 
 // ---------------------------------------------------------------- compiler

@@ -19,9 +19,11 @@ std::vector<std::string> hip_known_targets();
 /// The processors of hip_known_targets(), the only ones smla's AMD kernels are written for (their
 /// bf16 MFMA instructions): "gfx950", "gfx942", "gfx90a".
 std::vector<std::string> hip_supported_processors();
-/// Whether `target` names a supported processor. Anything else (gfx908, gfx1100, ...) is refused
-/// before any compile: ROCm's LLVM aborts the process compiling the kernels for it. `why` names
-/// the processor and the supported ones. Throws nothing.
+/// Whether `target` is a well-formed target id (a processor, then each of sramecc and xnack at
+/// most once, each with + or -) naming a supported processor. Anything else (gfx908, gfx1100,
+/// "gfx90a:xnack", "gfx90a:xnack+:xnack-") is refused before any compile: ROCm's LLVM aborts the
+/// process compiling the kernels for another processor, and hipRTC misreads odd spellings. `why`
+/// says what is wrong (naming the supported processors). Throws nothing.
 bool hip_target_supported(const std::string& target, std::string* why);
 /// gfx950 (MI355X), the op's home.
 std::string hip_default_target();
@@ -30,7 +32,8 @@ std::string hip_target_processor(const std::string& target_id);
 /// The full target ids a device of `given` may report, for warming what plan() will look up
 /// (it keys with gcnArchName). A processor ("gfx90a") or partial id ("gfx90a:xnack+") of a known
 /// target is completed from hip_known_targets(); without an explicit xnack, both xnack- and
-/// xnack+ are returned. Anything else (another processor, an unknown feature) is returned as given.
+/// xnack+ are returned. Anything else (another processor, an unknown or repeated feature, a
+/// feature without + or -) is returned as given, to be refused where it is used.
 std::vector<std::string> hip_target_ids(const std::string& given);
 
 /// Path of the smla-hiprtc-worker executable: `hint` if given, else $SMLA_HIPRTC_WORKER if set,
@@ -38,7 +41,8 @@ std::vector<std::string> hip_target_ids(const std::string& given);
 /// build tree's bin/. Empty when none is found (or the one named is not an executable file).
 std::string hip_worker_path(const std::string& hint = "");
 
-/// Whether this hipRTC compiles for `target`: a tiny kernel is compiled in a worker subprocess (so
+/// Whether this hipRTC compiles for `target`, which must be supported (hip_target_supported: else
+/// no worker runs and `why` says why): a tiny kernel is compiled in a worker subprocess (so
 /// an abort cannot take this process down). A definite answer is cached for the process's life
 /// (see detail::probe_verdict); a probe that gave none (the worker was killed, timed out, could
 /// not try) is not, and the next call probes again. `why` explains a no. Throws nothing.

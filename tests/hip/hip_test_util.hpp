@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -66,6 +67,23 @@ inline std::string run_command(const std::string& cmd, int* status) {
   *status = pclose(p);
   return out;
 }
+
+// Sets an environment variable for one scope (unset again, or its old value restored).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
 
 /// Writes an executable shell script `dir`/`name` ("#!/bin/sh" then `body`) and returns its path:
 /// a fake smla-hiprtc-worker (it gets <request> <code-object-out> <log-out> like the real one).

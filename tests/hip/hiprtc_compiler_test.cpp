@@ -132,6 +132,52 @@ TEST(HipRtcCompiler, RefusesProcessorsTheKernelsAreNotWrittenForBeforeAnyCompile
   EXPECT_FALSE(std::filesystem::exists(mark)) << "a worker ran for an unsupported processor";
 }
 
+TEST(HipRtcCompiler, TargetIdSyntaxIsCheckedAndRefusedClearly) {
+  for (const char* good : {"gfx90a:xnack+:sramecc-", "gfx942:sramecc+", "gfx950:xnack-", "gfx90a:sramecc+:xnack+"})
+    EXPECT_TRUE(hip_target_supported(good, nullptr)) << good;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"gfx90a:xnack", "the feature 'xnack' needs a + or -"},  // hipRTC took it, and the probe crashed
+      {"gfx90a:xnack+:xnack-", "the feature xnack is named twice"},  // was taken as xnack-
+      {"gfx90a:sramecc+:xnack-:sramecc+", "the feature sramecc is named twice"},
+      {"gfx90a:", "unknown feature ''"},
+      {"gfx90a::xnack+", "unknown feature ''"},
+      {"gfx90a:foo+", "unknown feature 'foo+'"},
+      {"gfx90a:xnack+-", "unknown feature 'xnack+-'"},
+      {"gfx90a:xnack=1", "unknown feature 'xnack=1'"},
+      {"GFX90A", "'GFX90A' is not an AMD processor name"},
+      {"gfx", "'gfx' is not an AMD processor name"},
+      {"gfx90a xnack+", "'gfx90a xnack+' is not an AMD processor name"},
+  };
+  TempDir dir("smla-test");
+  const std::string mark = dir.path() + "/ran";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "touch '" + mark + "'\nexit 3");
+  for (const auto& [target, what] : bad) {
+    std::string why;
+    EXPECT_FALSE(hip_target_supported(target, &why)) << target;
+    EXPECT_NE(why.find("malformed AMD target id '" + target + "': " + what), std::string::npos) << why;
+    // Refused as such before any probe, and by warm-up's expansion left as given for that.
+    EXPECT_FALSE(hip_target_known(target, &why, worker)) << target;
+    EXPECT_NE(why.find("malformed AMD target id"), std::string::npos) << why;
+    EXPECT_EQ(hip_target_ids(target), std::vector<std::string>{target});
+  }
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "a worker probed a malformed target id";
+}
+
+TEST(HipRtcCompiler, TargetKnownThrowsNothingWithoutATemporaryDirectory) {
+  detail::forget_probes();
+  std::string why;
+  bool known = true;
+  {
+    test::ScopedEnv tmp("TMPDIR", "/nonexistent/smla-tmp");
+    EXPECT_NO_THROW(known = hip_target_known("gfx90a", &why, SMLA_HIPRTC_WORKER_PATH));
+  }
+  EXPECT_FALSE(known);
+  EXPECT_NE(why.find("TMPDIR='/nonexistent/smla-tmp'"), std::string::npos) << why;
+  EXPECT_NE(why.find("set it to an existing writable directory"), std::string::npos) << why;
+  EXPECT_EQ(why.find("cannot compile"), std::string::npos) << "no verdict without a probe: " << why;
+  detail::forget_probes();
+}
+
 TEST(HipRtcCompiler, CompilesInTheWorkerSoThatACompilerCrashIsAnError) {
   SMLA_REQUIRE_HIPRTC();
   // What plan() calls: the probe passes, then the compile's worker dies as LLVM's abort would kill it.

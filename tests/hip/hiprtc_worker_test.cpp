@@ -91,29 +91,12 @@ TEST(HipRtcWorker, MissingWorkerIsAClearError) {
   }
 }
 
-// Sets an environment variable for one scope (unset again, or its old value restored).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
-
 TEST(HipRtcWorker, AHungWorkerIsKilledAfterTheTimeout) {
   // A worker that never ends (hipRTC stuck on a file system, a deadlock) hung warm-up and plan() for ever.
   TempDir dir("smla-test");
   const std::string pid_file = dir.path() + "/pid";
   const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "echo $$ > '" + pid_file + "'\nexec sleep 30");
-  ScopedEnv timeout("SMLA_HIPRTC_TIMEOUT_S", "1");
+  test::ScopedEnv timeout("SMLA_HIPRTC_TIMEOUT_S", "1");
   const auto t0 = std::chrono::steady_clock::now();
   auto r = hip_compile_in_subprocesses({test::mfma_source("smla_hung")}, "gfx90a", 1, worker);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -148,7 +131,7 @@ TEST(HipRtcWorker, TimeoutKnobIsReadOrIgnoredWithAWarning) {
     EXPECT_EQ(detail::parse_timeout_s(bad, &w), 600.0) << bad;
     EXPECT_NE(w.find(std::string("ignoring SMLA_HIPRTC_TIMEOUT_S='") + bad + "'"), std::string::npos) << w;
   }
-  ScopedEnv env("SMLA_HIPRTC_TIMEOUT_S", "7");
+  test::ScopedEnv env("SMLA_HIPRTC_TIMEOUT_S", "7");
   EXPECT_EQ(hip_worker_timeout_s(), 7.0);
 }
 
@@ -278,7 +261,7 @@ TEST(HipRtcWorker, TempDirsNameTheirProcessAndStaleOnesAreRemoved) {
   const fs::path new_style = make(pre + "-GGGGGG", 7200);
   const fs::path unrelated = make("smla-hiprtcX." + host + "." + d + ".HHHHHH", 7200);
   {
-    ScopedEnv tmp("TMPDIR", root.path().c_str());
+    test::ScopedEnv tmp("TMPDIR", root.path().c_str());
     TempDir t(pre);  // the first of its prefix in this directory: cleans
     const std::string name = fs::path(t.path()).filename().string();
     EXPECT_EQ(name.rfind(pre + "." + host + "." + std::to_string(getpid()) + ".", 0), 0u) << name;
