@@ -100,6 +100,11 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
                   spec.stem == kRocprimStem ? "the csr sort on AMD needs libsmla_rocprim.so: " + why
                                             : "unknown library kernel " + spec.stem,
                   __FILE__, __LINE__, "dlopen");
+    // Built ahead of time for the targets that hipcc accepted: without code for this device, the
+    // sort would fail at run() with a bare hipError. Refused here, at plan time, saying so.
+    if (!sort->supports(target(device), &why))
+      throw Error(Status::Unsupported, "device " + std::to_string(device) + ": " + why, __FILE__, __LINE__,
+                  "rocprim::radix_sort_pairs");
     return std::make_shared<RocprimKernel>(api, device, sort);
   }
   auto k = std::make_shared<HipKernel>(api, device);
