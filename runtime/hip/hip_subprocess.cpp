@@ -156,8 +156,8 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
       st.timeout_s = timeout_s;
       break;
     }
-    int wait_ms = 1000;
-    if (timeout_s > 0) wait_ms = std::max(1, std::min(wait_ms, static_cast<int>((timeout_s - elapsed) * 1000) + 1));
+    const double left_ms = timeout_s > 0 ? (timeout_s - elapsed) * 1000 + 1 : 1000;
+    const int wait_ms = static_cast<int>(std::max(1.0, std::min(1000.0, left_ms)));
     if (pidfd >= 0) {
       pollfd p{pidfd, POLLIN, 0};
       ::poll(&p, 1, wait_ms);

@@ -133,6 +133,11 @@ TEST(HipRtcWorker, TimeoutKnobIsReadOrIgnoredWithAWarning) {
   }
   test::ScopedEnv env("SMLA_HIPRTC_TIMEOUT_S", "7");
   EXPECT_EQ(hip_worker_timeout_s(), 7.0);
+  // A huge limit is a limit never reached (its poll interval once overflowed an int).
+  EXPECT_EQ(detail::parse_timeout_s("1e300", &w), 1e300);
+  const std::vector<ChildStatus> st = run_children({{"/bin/sh", "-c", "sleep 0.2; exit 4"}}, 1, {}, 1e300);
+  ASSERT_TRUE(st[0].exited) << st[0].describe();
+  EXPECT_EQ(st[0].code, 4);
 }
 
 // SIGCHLD set to SIG_IGN for one scope, as servers and daemons often do: the kernel then reaps
