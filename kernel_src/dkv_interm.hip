@@ -35,6 +35,9 @@ static_assert(HEADS % 16 == 0, "HEADS must be a multiple of 16");
 static_assert(DK_K % AMD_K == 0, "2 * HEADS must be a multiple of the MFMA K");
 static_assert(BLOCK_R % (16 * NUM_WAVES) == 0, "BLOCK_R must be a multiple of 16 * NUM_WAVES");
 static_assert(BLOCK_D % 16 == 0 && SMLA_D % BLOCK_D == 0, "BLOCK_D must be a multiple of 16 dividing D");
+// The carve of smla_dkv_interm below: B^T, BLOCK_D rows of DK_BROW. Checked against the LDS the host launches with
+// (SMLA_SMEM_BYTES, runtime/hip/kernels_hip.cpp; common.cuh).
+SMLA_CHECK_SMEM(BLOCK_D * DK_BROW * 2);
 
 extern "C" __global__ void __launch_bounds__(DK_THREADS) smla_dkv_interm(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];

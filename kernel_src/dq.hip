@@ -36,6 +36,9 @@ static_assert(BLOCK_H % 16 == 0 && HEADS % BLOCK_H == 0, "BLOCK_H must be a mult
 static_assert(BLOCK_R % 16 == 0 && BLOCK_R % AMD_K == 0, "BLOCK_R must be a multiple of 16 and of the MFMA K");
 static_assert(DQ_THREADS <= 1024, "at most 16 wavefronts per block");
 static_assert(BLOCK_R * (SMLA_D / 8) % DQ_THREADS == 0, "kv tile pieces must split evenly over the threads");
+// The carve of smla_dq below: the kv tile (rows of DQ_ROW), dS (rows of DQ_SROW), a flag per kv row. Checked
+// against the LDS the host launches with (SMLA_SMEM_BYTES, runtime/hip/kernels_hip.cpp; common.cuh).
+SMLA_CHECK_SMEM(BLOCK_R * DQ_ROW * 2 + BLOCK_H * DQ_SROW * 2 + BLOCK_R * 4);
 
 #define DQ_LOG2E 1.4426950408889634f
 

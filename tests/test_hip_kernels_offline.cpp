@@ -158,7 +158,66 @@ TEST(HipKernelSpecs, EverySourceIsEmbeddedAndTheMemoryBoundBodiesAreShared) {
   }
 }
 
+TEST(HipKernelSpecs, MatrixKernelsPassTheirLdsForTheSourceToCheck) {
+  KernelSources src;
+  for (const ShapeInfo& s : planner_shapes()) {
+    for (Phase ph : {Phase::Dq, Phase::DkvInterm}) {
+      const KernelSpec k = hip_phase_kernels(ph, s).at(0);
+      const std::map<std::string, long long> def(k.defines.begin(), k.defines.end());
+      ASSERT_TRUE(def.count("SMLA_SMEM_BYTES")) << k.stem;
+      EXPECT_EQ(def.at("SMLA_SMEM_BYTES"), static_cast<long long>(k.smem_bytes)) << k.stem;
+    }
+  }
+  for (const char* f : {"dq.hip", "dkv_interm.hip"})
+    EXPECT_NE(src.file(f).find("\nSMLA_CHECK_SMEM("), std::string::npos) << f << " does not check its LDS carve";
+}
+
 // ---------------------------------------------------------------- hipRTC, offline
+
+// A kernel tree (SMLA_KERNEL_SRC_DIR) whose padding makes dq and dkv_interm carve more LDS than the library launches
+// them with: on AMD they would have read and written past their LDS. Each must fail to compile, saying why.
+TEST(HipKernelsCarve, ATreeWhoseLdsCarveDiffersFailsToCompileForGfx90a) {
+  std::string why;
+  if (!hip::Api::get(&why)) GTEST_SKIP() << "hipRTC not installed here: " << why;
+  const hip::detail::ProbeVerdict v = hip::detail::probe_target("gfx90a", &why);
+  ASSERT_EQ(v, hip::detail::ProbeVerdict::Known) << why;  // every ROCm smla loads knows gfx90a
+
+  Problem p;
+  p.T = 64, p.H = 64, p.topk = 512, p.num_kv = 1000;
+  const ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  const std::vector<KernelSpec> specs = {hip_phase_kernels(Phase::Dq, s).at(0),
+                                         hip_phase_kernels(Phase::DkvInterm, s).at(0)};
+  // The tree: the library's own files these two kernels use, written out.
+  hip::TempDir tree("smla-test-tree");
+  const KernelSources embedded;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(tree.path() + "/" + name, std::ios::binary) << text;
+  };
+  for (const KernelSpec& k : specs) {
+    write(source_file_name(k.stem, "hip"), embedded.file(source_file_name(k.stem, "hip")));
+    for (const auto& h : embedded.render(k, "hip").headers) write(h.first, h.second);
+  }
+  auto compile = [&](const KernelSources& from) {
+    std::vector<RenderedSource> r;
+    for (const KernelSpec& k : specs) r.push_back(from.render(k, "hip"));
+    return hip::hip_compile_in_subprocesses(r, "gfx90a", 2);
+  };
+  // As written, the copy compiles (so that the failure below is the padding's).
+  for (const hip::HipWorkerResult& r : compile(KernelSources(tree.path()))) ASSERT_TRUE(r.ok) << r.error;
+
+  std::string mfma = embedded.file("amd_mfma.h");
+  const std::string pad = "#define SMLA_AMD_PAD 8\n";
+  const size_t at = mfma.find(pad);
+  ASSERT_NE(at, std::string::npos) << "amd_mfma.h no longer defines SMLA_AMD_PAD 8";
+  mfma.replace(at, pad.size(), "#define SMLA_AMD_PAD 64\n");
+  write("amd_mfma.h", mfma);
+  const std::vector<hip::HipWorkerResult> res = compile(KernelSources(tree.path()));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_FALSE(res[i].ok) << specs[i].stem << " compiled with a carve larger than its launch";
+    EXPECT_NE(res[i].result.log.find("the host launches this kernel with SMLA_SMEM_BYTES"), std::string::npos)
+        << specs[i].stem << ": " << res[i].error;
+  }
+}
 
 class HipKernelsCompile : public ::testing::TestWithParam<const char*> {};
 
@@ -166,7 +225,11 @@ TEST_P(HipKernelsCompile, EveryVariantCompilesToARealCodeObject) {
   const std::string target = GetParam();
   std::string why;
   if (!hip::Api::get(&why)) GTEST_SKIP() << "hipRTC not installed here: " << why;
-  if (!hip::hip_target_known(target, &why)) GTEST_SKIP() << "target " << target << " skipped: " << why;
+  // Skipped only where this hipRTC definitely cannot compile for the target; a probe that gave no verdict (no
+  // worker, a worker killed or timed out) is a failure, not a skip.
+  const hip::detail::ProbeVerdict v = hip::detail::probe_target(target, &why);
+  ASSERT_NE(v, hip::detail::ProbeVerdict::NoVerdict) << why;
+  if (v == hip::detail::ProbeVerdict::Refused) GTEST_SKIP() << "target " << target << " skipped: " << why;
 
   const std::vector<Unit> units = compile_units();
   // 4 H values x (dq, dkv_interm) + delta, check_topk, csr, gather (one and four groups a row), d_sink

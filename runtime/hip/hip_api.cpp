@@ -5,6 +5,7 @@
 #include <link.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -15,8 +16,13 @@ namespace {
 // Newest first: a machine with several ROCm releases gets the one its loader finds first.
 const char* const kHipNames[] = {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6",
                                  "libamdhip64.so.5", "/opt/rocm/lib/libamdhip64.so"};
+// The sonames a HIP runtime already in the process answers to (RTLD_NOLOAD matches the soname of
+// a library loaded by path, e.g. PyTorch-ROCm's bundled torch/lib/libamdhip64.so.6).
+const char* const kHipLoadedNames[] = {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
+                                       "libamdhip64.so"};
 const char* const kHiprtcNames[] = {"libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6",
                                     "/opt/rocm/lib/libhiprtc.so"};
+const char* const kHiprtcLoadedNames[] = {"libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so"};
 const char* const kComgrNames[] = {"libamd_comgr.so.3", "libamd_comgr.so.2", "libamd_comgr.so"};
 
 std::string loaded_path(void* handle) {
@@ -52,10 +58,25 @@ Loaded load() {
   Api& a = l.api;
   std::string tried;
   // RTLD_LOCAL: ROCm's LLVM must not leak symbols into the host process (it may hold another LLVM).
-  void* hip = open_first(kHipNames, RTLD_NOW | RTLD_LOCAL, &tried);
+  void* hip = nullptr;
+  if (const char* env = std::getenv("SMLA_LIBHIP"); env && *env) {
+    // The user's choice, exactly: no fallback that would load another runtime than the one named.
+    hip = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (!hip) {
+      const char* e = dlerror();
+      l.why = std::string("SMLA_LIBHIP='") + env + "' could not be opened (" + (e ? e : "?") +
+              "); set it to the path of libamdhip64.so, or unset it";
+      return l;
+    }
+  } else {
+    // A HIP runtime the process already holds (PyTorch-ROCm's own copy, the host application's) is
+    // the one to use: a second one in the same process would not share its devices' state.
+    hip = open_first(kHipLoadedNames, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, nullptr);
+    if (!hip) hip = open_first(kHipNames, RTLD_NOW | RTLD_LOCAL, &tried);
+  }
   if (!hip) {
     l.why = "the HIP runtime (libamdhip64) was not found (tried " + tried +
-            "); install ROCm or add its lib directory to LD_LIBRARY_PATH";
+            "); install ROCm, add its lib directory to LD_LIBRARY_PATH, or set SMLA_LIBHIP to the file";
     return l;
   }
   a.hip_library = loaded_path(hip);
@@ -87,8 +108,20 @@ Loaded load() {
   SMLA_BIND(hip, hipMemcpyDtoH);
   bind(hip, "hipGetDevicePropertiesR0600", a.hipGetDevicePropertiesR0600, nullptr);
 
-  // hipRTC moved out of libamdhip64 in ROCm 6.0; prefer the separate library when present.
-  void* rtc = open_first(kHiprtcNames, RTLD_NOW | RTLD_LOCAL, nullptr);
+  // hipRTC moved out of libamdhip64 in ROCm 6.0; prefer the separate library when present: the one
+  // already loaded, else the one beside the HIP runtime of its major version (another ROCm's would
+  // not match it), else the loader's.
+  void* rtc = open_first(kHiprtcLoadedNames, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, nullptr);
+  if (!rtc && a.hipRuntimeGetVersion) {
+    int v = 0;
+    const size_t slash = a.hip_library.rfind('/');
+    if (a.hipRuntimeGetVersion(&v) == kHipSuccess && v > 0 && slash != std::string::npos) {
+      const std::string dir = a.hip_library.substr(0, slash + 1);
+      for (const std::string& n : {dir + "libhiprtc.so." + std::to_string(v / 10000000), dir + "libhiprtc.so"})
+        if (!rtc) rtc = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+  }
+  if (!rtc) rtc = open_first(kHiprtcNames, RTLD_NOW | RTLD_LOCAL, nullptr);
   if (!rtc || !dlsym(rtc, "hiprtcCreateProgram")) rtc = hip;
   a.hiprtc_library = loaded_path(rtc);
   SMLA_BIND(rtc, hiprtcVersion);

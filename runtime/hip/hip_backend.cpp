@@ -86,15 +86,25 @@ std::string HipBackend::target(int device) const {
 std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                                int device) {
   const Api& api = Api::require();
+  // Every kernel plan() loads passes here, compiled or taken from a cache: a processor the kernels
+  // are not written for is refused before anything runs on it.
+  std::string why;
+  if (!hip_target_supported(target(device), &why))
+    throw Error(Status::Unsupported, "device " + std::to_string(device) + ": " + why, __FILE__, __LINE__,
+                "hipModuleLoadData");
   make_current(api, device);
   if (hip_is_library_kernel(spec)) {  // nothing compiled: `binary` is empty
-    std::string why;
     const RocprimSort* sort = spec.stem == kRocprimStem ? RocprimSort::get(&why) : nullptr;
     if (!sort)
       throw Error(Status::Unsupported,
                   spec.stem == kRocprimStem ? "the csr sort on AMD needs libsmla_rocprim.so: " + why
                                             : "unknown library kernel " + spec.stem,
                   __FILE__, __LINE__, "dlopen");
+    // Built ahead of time for the targets that hipcc accepted: without code for this device, the
+    // sort would fail at run() with a bare hipError. Refused here, at plan time, saying so.
+    if (!sort->supports(target(device), &why))
+      throw Error(Status::Unsupported, "device " + std::to_string(device) + ": " + why, __FILE__, __LINE__,
+                  "rocprim::radix_sort_pairs");
     return std::make_shared<RocprimKernel>(api, device, sort);
   }
   auto k = std::make_shared<HipKernel>(api, device);

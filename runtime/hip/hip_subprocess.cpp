@@ -3,17 +3,29 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <thread>
 
+#include "hip_log.hpp"
 #include "hiprtc_compiler.hpp"
 #include "smla/smla.hpp"
 
@@ -22,15 +34,68 @@ extern char** environ;
 namespace smla::hip {
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+}  // namespace
+
 std::string ChildStatus::describe() const {
   if (!started) return "could not start: " + spawn_error;
+  if (lost)
+    return "ended, but its exit status was lost (waitpid: no child: does this process set SIGCHLD to SIG_IGN?)";
+  if (timed_out) return "timed out after " + seconds_text(timeout_s) + " s (killed; SMLA_HIPRTC_TIMEOUT_S sets the limit)";
   if (exited) return "exit status " + std::to_string(code);
   return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
 }
 
+namespace detail {
+double parse_timeout_s(const char* v, std::string* warning) {
+  if (!v || !*v) return kDefaultWorkerTimeoutS;
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v, &end);
+  if (end != v && *end == '\0' && errno == 0 && std::isfinite(d) && d > 0) return d;
+  if (warning)
+    *warning = std::string("ignoring SMLA_HIPRTC_TIMEOUT_S='") + v + "' (expected a positive number of seconds); using " +
+               seconds_text(kDefaultWorkerTimeoutS);
+  return kDefaultWorkerTimeoutS;
+}
+}  // namespace detail
+
+double hip_worker_timeout_s() {
+  std::string warning;
+  const double t = detail::parse_timeout_s(std::getenv("SMLA_HIPRTC_TIMEOUT_S"), &warning);
+  if (!warning.empty()) detail::warn_once(warning);
+  return t;
+}
+
 namespace {
 
-ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp) {
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// SIGKILL through the pidfd where there is one: it cannot reach another process that reused the pid.
+void kill_child(pid_t pid, int pidfd) {
+#ifdef SYS_pidfd_send_signal
+  if (pidfd >= 0 && ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0) return;
+#endif
+  (void)pidfd;
+  ::kill(pid, SIGKILL);
+}
+
+ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp,
+                    double timeout_s) {
   ChildStatus st;
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -44,22 +109,66 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
-  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp);
+  // The host's signal mask and ignored SIGCHLD / SIGPIPE are no business of the child's.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGCHLD);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), envp);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     st.spawn_error = std::string(args[0]) + ": " + std::strerror(rc);
     return st;
   }
   st.started = true;
+  // Wait for this child only, polling so that a hung one is noticed: on its pidfd where the kernel
+  // has them (woken when it ends), else by sleeps of 1 ms growing to 50 ms.
+  const int pidfd = open_pidfd(pid);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
+  int sleep_ms = 1;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECHILD) {  // reaped by the kernel (SIGCHLD ignored): ended, status unknown
+        st.lost = true;
+        break;
+      }
       st.spawn_error = std::string("waitpid: ") + std::strerror(errno);
       st.started = false;
+      if (pidfd >= 0) close(pidfd);
       return st;
     }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (timeout_s > 0 && elapsed >= timeout_s) {
+      kill_child(pid, pidfd);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      st.timed_out = true;
+      st.timeout_s = timeout_s;
+      break;
+    }
+    const double left_ms = timeout_s > 0 ? (timeout_s - elapsed) * 1000 + 1 : 1000;
+    const int wait_ms = static_cast<int>(std::max(1.0, std::min(1000.0, left_ms)));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      ::poll(&p, 1, wait_ms);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(sleep_ms, wait_ms)));
+      sleep_ms = std::min(sleep_ms * 2, 50);
+    }
   }
+  if (pidfd >= 0) close(pidfd);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (st.timed_out || st.lost) return st;
   if (WIFEXITED(status)) {
     st.exited = true;
     st.code = WEXITSTATUS(status);
@@ -91,7 +200,7 @@ std::vector<std::string> worker_environment(const char* const* env) {
 }
 
 std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>>& argvs, int jobs,
-                                      const std::vector<std::string>& output_files) {
+                                      const std::vector<std::string>& output_files, double timeout_s) {
   std::vector<ChildStatus> out(argvs.size());
   std::vector<std::string> env = worker_environment(environ);
   std::vector<char*> envp;
@@ -100,7 +209,7 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next++) < argvs.size();)
-      out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data());
+      out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data(), timeout_s);
   };
   std::vector<std::thread> pool;
   size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size());
@@ -109,8 +218,77 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   return out;
 }
 
+namespace detail {
+
+const std::string& host_name() {
+  static const std::string h = [] {
+    char buf[256] = {};
+    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
+    std::string s(buf);
+    for (char& c : s)
+      if (c == '/' || c == ' ') c = '_';
+    return s;
+  }();
+  return h;
+}
+
+int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, long min_age_s) {
+  int removed = 0;
+  const time_t now = time(nullptr);
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) continue;
+    const long age = static_cast<long>(now - st.st_mtime);
+    bool stale = false;
+    if (name.size() == prefix.size() + 7 && name.compare(0, prefix.size() + 1, prefix + "-") == 0) {
+      stale = age > 24 * 3600;  // the older spelling: no owner to ask
+    } else if (name.compare(0, prefix.size() + 1, prefix + ".") == 0) {
+      // <prefix>.<host>.<pid>.<random>; the host may itself contain dots.
+      const std::string rest = name.substr(prefix.size() + 1);
+      const size_t d2 = rest.rfind('.');
+      const size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : rest.rfind('.', d2 - 1);
+      if (d1 == std::string::npos || d1 == 0) continue;
+      const std::string host = rest.substr(0, d1), pid_text = rest.substr(d1 + 1, d2 - d1 - 1);
+      char* e = nullptr;
+      const long pid = std::strtol(pid_text.c_str(), &e, 10);
+      if (host != host_name() || pid_text.empty() || *e || pid <= 0 || pid == getpid()) continue;
+      stale = age > min_age_s && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    }
+    if (!stale) continue;
+    std::error_code rec;
+    fs::remove_all(it->path(), rec);
+    if (!rec) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace detail
+
 TempDir::TempDir(const std::string& prefix) {
-  std::string tmpl = (fs::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) {
+    const char* env = std::getenv("TMPDIR");
+    throw Error(Status::Internal,
+                "no temporary directory for " + prefix + ": " + ec.message() +
+                    (env ? std::string(" (TMPDIR='") + env + "': set it to an existing writable directory)" : ""),
+                __FILE__, __LINE__, "mkdtemp");
+  }
+  {
+    // Once per (directory, prefix) in a process: what interrupted processes left behind.
+    static std::mutex m;
+    static std::set<std::string> cleaned;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lk(m);
+      first = cleaned.insert(tmp.string() + "\n" + prefix).second;
+    }
+    if (first) detail::clean_stale_temp_dirs(tmp.string(), prefix, detail::kStaleTempDirS);
+  }
+  std::string tmpl =
+      (tmp / (prefix + "." + detail::host_name() + "." + std::to_string(getpid()) + ".XXXXXX")).string();
   if (!mkdtemp(&tmpl[0]))
     throw Error(Status::Internal, "cannot create a temporary directory " + tmpl + ": " + std::strerror(errno),
                 __FILE__, __LINE__, "mkdtemp");
@@ -125,6 +303,11 @@ TempDir::~TempDir() {
 std::string hip_worker_path(const std::string& hint) {
   const char* name = "smla-hiprtc-worker";
   if (!hint.empty()) return executable(hint) ? hint : "";
+  if (const char* env = std::getenv("SMLA_HIPRTC_WORKER"); env && *env) {
+    if (executable(env)) return env;
+    detail::warn_once(std::string("ignoring SMLA_HIPRTC_WORKER='") + env +
+                      "' (expected the path of the smla-hiprtc-worker executable)");
+  }
   std::vector<fs::path> dirs;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);

@@ -1,8 +1,12 @@
 // hiprtc_compiler.cpp: see hiprtc_compiler.hpp.
 #include "hiprtc_compiler.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +17,7 @@
 
 #include "amdgpu_elf.hpp"
 #include "hip_api.hpp"
+#include "hip_log.hpp"
 #include "hip_subprocess.hpp"
 
 namespace smla::hip {
@@ -99,6 +104,43 @@ CompileResult compile_locked(const Api& api, const RenderedSource& src, const st
   return out;
 }
 
+// The HIP runtime version (HIP_VERSION: major * 10^7 + minor * 10^5 + patch) of the first ROCm whose
+// hipRTC compiles for `processor`, with its name; 0 where every ROCm smla loads (>= 5.0) does.
+std::pair<int, const char*> min_rocm_of(const std::string& processor) {
+  if (processor == "gfx950") return {70000000, "7.0"};
+  if (processor == "gfx942") return {50700000, "5.7"};
+  return {0, ""};
+}
+
+// "; gfx950 needs ROCm >= 7.0 (this is HIP 5.2.21153)" for the processors a ROCm may be too old for, else "".
+std::string rocm_hint(const std::string& target) {
+  const std::string proc = hip_target_processor(target);
+  const auto [version, name] = min_rocm_of(proc);
+  if (!version) return "";
+  std::string have;
+  if (const Api* api = Api::get()) {
+    try {
+      have = " (this is HIP " + hip_version_string(hip_runtime_version(*api)) + ")";
+    } catch (const std::exception&) {
+    }
+  }
+  return "; " + proc + " needs ROCm >= " + name + have;
+}
+
+// One source compiled in a worker process: a compile error is reported as the in-process compile reports it (the
+// worker's log is that message), any other end of the worker (a signal: hipRTC or LLVM aborted) names it.
+CompileResult compile_in_worker(const RenderedSource& src, const std::string& target, const std::string& exe) {
+  std::vector<HipWorkerResult> r = hip_compile_in_subprocesses({src}, target, 1, exe);
+  if (r.at(0).ok) return std::move(r[0].result);
+  if (r[0].exit_status == 2 && !r[0].result.log.empty())
+    throw Error(Status::CompileError, r[0].result.log, __FILE__, __LINE__, "hiprtcCompileProgram");
+  const std::string dumped = detail::dump_failed_source(src, target);
+  throw Error(Status::CompileError,
+              "smla-hiprtc-worker (" + exe + ") failed to compile " + src.name + " for " + target + ": " +
+                  r[0].error + "; source dumped to " + dumped,
+              __FILE__, __LINE__, "hiprtcCompileProgram");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- targets
@@ -114,7 +156,63 @@ std::string hip_target_processor(const std::string& target_id) {
   return target_id.substr(0, target_id.find(':'));
 }
 
+std::vector<std::string> hip_supported_processors() {
+  std::vector<std::string> out;
+  for (const std::string& k : hip_known_targets()) out.push_back(hip_target_processor(k));
+  return out;
+}
+
+namespace {
+
+// Target-id syntax (LLVM's): a processor "gfx" + hex digits, then ":<feature><+|->" for each of
+// sramecc and xnack at most once. Empty when `target` is well formed, else what is wrong.
+std::string target_id_error(const std::string& target) {
+  const std::string example = " (smla supports gfx90a, gfx942 and gfx950: e.g. gfx942 or gfx942:sramecc+:xnack-)";
+  const std::string proc = hip_target_processor(target);
+  bool hex = proc.size() > 3 && proc.compare(0, 3, "gfx") == 0;
+  for (size_t i = 3; hex && i < proc.size(); ++i) hex = std::isxdigit(static_cast<unsigned char>(proc[i])) &&
+                                                       !std::isupper(static_cast<unsigned char>(proc[i]));
+  if (!hex) return "'" + proc + "' is not an AMD processor name" + example;
+  std::vector<std::string> seen;
+  for (size_t b = target.find(':'); b != std::string::npos;) {
+    const size_t e = target.find(':', b + 1);
+    const std::string f = target.substr(b + 1, e == std::string::npos ? e : e - b - 1);
+    const char sign = f.empty() ? '\0' : f.back();
+    const std::string name = f.empty() ? f : f.substr(0, f.size() - 1);
+    if (name != "sramecc" && name != "xnack") {
+      if (sign != '+' && sign != '-' && (f == "sramecc" || f == "xnack"))
+        return "the feature '" + f + "' needs a + or -" + example;
+      return "unknown feature '" + f + "' (features: sramecc+/-, xnack+/-)" + example;
+    }
+    if (sign != '+' && sign != '-') return "the feature '" + f + "' needs a + or -" + example;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) return "the feature " + name + " is named twice";
+    seen.push_back(name);
+    b = e;
+  }
+  return "";
+}
+
+}  // namespace
+
+bool hip_target_supported(const std::string& target, std::string* why) {
+  if (const std::string bad = target_id_error(target); !bad.empty()) {
+    if (why) *why = "malformed AMD target id '" + target + "': " + bad;
+    return false;
+  }
+  const std::vector<std::string> procs = hip_supported_processors();
+  const std::string proc = hip_target_processor(target);
+  if (std::find(procs.begin(), procs.end(), proc) != procs.end()) return true;
+  if (why) {
+    std::string list;
+    for (const std::string& p : procs) list += (list.empty() ? "" : ", ") + p;
+    *why = "AMD processor '" + proc + "' (target '" + target + "') is not supported: smla's AMD kernels use the bf16 " +
+           "MFMA instructions of " + list + " only (ROCm's compiler aborts on them for other processors)";
+  }
+  return false;
+}
+
 std::vector<std::string> hip_target_ids(const std::string& given) {
+  if (!target_id_error(given).empty()) return {given};  // refused, saying why, where it is used
   const std::string proc = hip_target_processor(given);
   std::string known;
   for (const std::string& k : hip_known_targets())
@@ -158,36 +256,85 @@ std::vector<std::string> hip_target_ids(const std::string& given) {
   return out;
 }
 
-bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
+namespace detail {
+
+ProbeVerdict probe_verdict(const HipWorkerResult& r) {
+  if (r.ok) return read_elf(r.result.binary).valid ? ProbeVerdict::Known : ProbeVerdict::Refused;
+  if (r.timed_out) return ProbeVerdict::NoVerdict;
+  // hipRTC reported an error on a one-line kernel: it does not know the target (ROCm >= 6 says so).
+  if (r.exit_status == 2) return ProbeVerdict::Refused;
+  // hipRTC or its LLVM crashed on it (ROCm 5.x aborts on a processor it does not know).
+  switch (r.signal) {
+    case SIGABRT:
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGILL:
+    case SIGFPE:
+      return ProbeVerdict::Refused;
+    default:
+      break;
+  }
+  // Anything else says nothing about the target: the worker could not try (3, 4), was killed
+  // (SIGKILL by the OOM killer, SIGTERM, SIGINT), its exit status was lost, it could not start.
+  return ProbeVerdict::NoVerdict;
+}
+
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker) {
+  // A malformed id or another processor is refused as such: no worker runs (hipRTC took
+  // "gfx90a:xnack" for a target and crashed on it; it aborts compiling the kernels for gfx908).
+  if (!hip_target_supported(target, why)) return ProbeVerdict::Refused;
   ProbeCache& c = probes();
   {
     std::lock_guard<std::mutex> lk(c.m);
     auto it = c.known.find(target);
     if (it != c.known.end()) {
       if (why) *why = it->second.second;
-      return it->second.first;
+      return it->second.first ? ProbeVerdict::Known : ProbeVerdict::Refused;
     }
   }
   RenderedSource probe{"smla_probe.cpp", kProbeSource, {}};
   std::vector<HipWorkerResult> r;
-  std::string reason;
   try {
     r = hip_compile_in_subprocesses({probe}, target, 1, worker);
-  } catch (const Error& e) {
-    if (why) *why = e.message();
-    return false;  // not cached: a worker may appear later (e.g. a path hint)
+  } catch (const std::exception& e) {
+    if (why) *why = std::string("the hipRTC probe of ") + target + " could not run: " + e.what();
+    return ProbeVerdict::NoVerdict;  // not cached: a worker may appear later (e.g. a path hint)
   }
-  bool ok = r[0].ok && read_elf(r[0].result.binary).valid;
-  if (r[0].exit_status == 3 || r[0].exit_status == 4) {  // the worker could not try: no verdict
-    if (why) *why = "the hipRTC probe worker failed: " + r[0].error + " " + r[0].result.log;
+  const ProbeVerdict v = probe_verdict(r.at(0));
+  if (v == ProbeVerdict::NoVerdict) {  // not cached: the next compile probes again
+    if (why) {
+      *why = "the hipRTC probe of " + target + " gave no verdict: " + r[0].error;
+      if (!r[0].result.log.empty()) *why += "; " + r[0].result.log;
+    }
+    return v;
+  }
+  std::string reason;
+  if (v == ProbeVerdict::Refused) {
+    reason = "hipRTC cannot compile for " + target + ": ";
+    reason += r[0].ok ? "its code object is not a valid AMDGPU ELF" : r[0].error;
+    reason += rocm_hint(target);
+  }
+  std::lock_guard<std::mutex> lk(c.m);
+  c.known[target] = {v == ProbeVerdict::Known, reason};
+  if (v == ProbeVerdict::Known && c.any_binary.empty()) c.any_binary = r[0].result.binary;
+  if (why) *why = reason;
+  return v;
+}
+
+void forget_probes() {
+  std::lock_guard<std::mutex> lk(probes().m);
+  probes().known.clear();
+}
+
+}  // namespace detail
+
+bool hip_target_known(const std::string& target, std::string* why, const std::string& worker) {
+  try {
+    return detail::probe_target(target, why, worker) == detail::ProbeVerdict::Known;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: this one throws nothing
+    if (why) *why = std::string("the hipRTC probe of ") + target + " failed: " + e.what();
     return false;
   }
-  if (!ok) reason = "hipRTC cannot compile for " + target + ": " + r[0].error;
-  std::lock_guard<std::mutex> lk(c.m);
-  c.known[target] = {ok, reason};
-  if (ok && c.any_binary.empty()) c.any_binary = r[0].result.binary;
-  if (why) *why = reason;
-  return ok;
 }
 
 // ---------------------------------------------------------------- compiler
@@ -241,10 +388,11 @@ std::string HipRtcCompiler::base_identity() const {
     std::vector<uint8_t> bin;
     const std::string fallback = "gfx90a";
     std::string why;
-    if (hip_target_known(fallback, &why, worker_)) {
+    const detail::ProbeVerdict v = detail::probe_target(fallback, &why, worker_);
+    if (v == detail::ProbeVerdict::Known) {
       std::lock_guard<std::mutex> lk(probes().m);
       bin = probes().any_binary;
-    } else if (why.rfind("hipRTC cannot compile", 0) != 0) {  // no worker: no verdict
+    } else if (v == detail::ProbeVerdict::NoVerdict) {  // no worker, or it failed: gfx90a is safe here
       std::lock_guard<std::mutex> lk(compile_mutex());
       bin = compile_locked(api, RenderedSource{"smla_probe.cpp", kProbeSource, {}}, fallback,
                            options(fallback)).binary;
@@ -258,17 +406,39 @@ std::string HipRtcCompiler::base_identity() const {
 }
 
 CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::string& target) const {
-  const Api& api = Api::require();
-  if (probe_targets_) {
-    std::string why;
-    // A probe that could not run (no worker) is no verdict: compile here and accept the risk.
-    bool known = hip_target_known(target, &why, worker_);
-    if (!known && why.rfind("hipRTC cannot compile", 0) == 0)
-      throw Error(Status::CompileError,
-                  why + " (hipRTC of HIP " + hip_version_string(hip_runtime_version(api)) +
-                      "; gfx950 needs ROCm >= 7.0, gfx942 ROCm >= 5.7)",
-                  __FILE__, __LINE__, "hiprtcCompileProgram");
+  if (!probe_targets_) {  // the worker: compile here, as asked
+    const Api& api = Api::require();
+    std::lock_guard<std::mutex> lk(compile_mutex());
+    return compile_locked(api, src, target, options(target));
   }
+  std::string why;
+  if (!hip_target_supported(target, &why))
+    throw Error(Status::Unsupported, why, __FILE__, __LINE__, "hiprtcCompileProgram");
+  const Api& api = Api::require();
+  const std::string exe = hip_worker_path(worker_);
+  if (!exe.empty()) {
+    // A probe that could not run (the worker was killed, timed out) is no verdict: the compile
+    // itself runs in a worker too, so nothing is risked by going on.
+    if (detail::probe_target(target, &why, exe) == detail::ProbeVerdict::Refused)
+      throw Error(Status::CompileError, why, __FILE__, __LINE__, "hiprtcCompileProgram");
+    return compile_in_worker(src, target, exe);
+  }
+  // No worker: this process compiles, and a hipRTC abort would end it. Refuse what this ROCm is
+  // known to be too old for (hipRTC 5.x aborts on an unknown processor), warn about the rest.
+  const std::string proc = hip_target_processor(target);
+  const auto [need, need_name] = min_rocm_of(proc);
+  const int have = hip_runtime_version(api);
+  if (have < need)
+    throw Error(Status::CompileError,
+                "hipRTC of HIP " + hip_version_string(have) + " cannot compile for " + target + ": " + proc +
+                    " needs ROCm >= " + need_name +
+                    " (smla-hiprtc-worker was not found to probe it: set SMLA_HIPRTC_WORKER or install it next to "
+                    "the executable or libsmla)",
+                __FILE__, __LINE__, "hiprtcCompileProgram");
+  detail::warn_once(
+      "smla-hiprtc-worker not found (set SMLA_HIPRTC_WORKER to it, or install it next to the executable or "
+      "libsmla): hipRTC compiles in this process, where a compiler crash (ROCm's LLVM aborts on some errors) "
+      "ends the process");
   std::lock_guard<std::mutex> lk(compile_mutex());
   return compile_locked(api, src, target, options(target));
 }
@@ -290,24 +460,41 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
     detail::write_request(base + ".req", sources[i], target);
-    argvs.push_back({exe, base + ".req", base + ".co", base + ".log"});
+    argvs.push_back({exe, "--status", base + ".status", "--parent", std::to_string(getpid()), base + ".req",
+                     base + ".co", base + ".log"});
     outputs.push_back(base + ".out");
   }
-  std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs);
+  std::vector<ChildStatus> st = run_children(argvs, std::max(1, jobs), outputs, hip_worker_timeout_s());
 
   std::vector<HipWorkerResult> out(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
+    if (st[i].lost) {
+      // Its exit status went to the kernel (SIGCHLD ignored here): the worker writes it last to
+      // a file, so a file says how it ended, and none says it did not finish.
+      std::vector<uint8_t> status = read_file(base + ".status");
+      std::string text(status.begin(), status.end());
+      char* end = nullptr;
+      const long code = std::strtol(text.c_str(), &end, 10);
+      if (!text.empty() && end && *end == '\n' && code >= 0 && code < 256) {
+        st[i].lost = false;
+        st[i].exited = true;
+        st[i].code = static_cast<int>(code);
+      }
+    }
     std::vector<uint8_t> log = read_file(base + ".log");
     out[i].result.log.assign(log.begin(), log.end());
     out[i].result.seconds = st[i].seconds;
     out[i].exit_status = st[i].exited ? st[i].code : -1;
+    out[i].signal = st[i].started && !st[i].exited ? st[i].signal : 0;
+    out[i].timed_out = st[i].timed_out;
     if (st[i].exited && st[i].code == 0) {
       out[i].result.binary = read_file(base + ".co");
       out[i].ok = !out[i].result.binary.empty();
       if (!out[i].ok) out[i].error = "the worker wrote no code object";
     } else {
       out[i].error = st[i].describe();
+      if (st[i].lost) out[i].error += "; it wrote no status file: it died before finishing";
       if (st[i].exited && st[i].code == 2) out[i].error += "; " + out[i].result.log;
       // What the worker printed (an LLVM fatal error, a libc abort) says why it died.
       std::vector<uint8_t> printed = read_file(base + ".out");

@@ -16,6 +16,15 @@ namespace smla::hip {
 
 /// Targets smla builds for, as full target ids (what the devices report as gcnArchName).
 std::vector<std::string> hip_known_targets();
+/// The processors of hip_known_targets(), the only ones smla's AMD kernels are written for (their
+/// bf16 MFMA instructions): "gfx950", "gfx942", "gfx90a".
+std::vector<std::string> hip_supported_processors();
+/// Whether `target` is a well-formed target id (a processor, then each of sramecc and xnack at
+/// most once, each with + or -) naming a supported processor. Anything else (gfx908, gfx1100,
+/// "gfx90a:xnack", "gfx90a:xnack+:xnack-") is refused before any compile: ROCm's LLVM aborts the
+/// process compiling the kernels for another processor, and hipRTC misreads odd spellings. `why`
+/// says what is wrong (naming the supported processors). Throws nothing.
+bool hip_target_supported(const std::string& target, std::string* why);
 /// gfx950 (MI355X), the op's home.
 std::string hip_default_target();
 /// "gfx942:sramecc+:xnack-" -> "gfx942".
@@ -23,23 +32,33 @@ std::string hip_target_processor(const std::string& target_id);
 /// The full target ids a device of `given` may report, for warming what plan() will look up
 /// (it keys with gcnArchName). A processor ("gfx90a") or partial id ("gfx90a:xnack+") of a known
 /// target is completed from hip_known_targets(); without an explicit xnack, both xnack- and
-/// xnack+ are returned. Anything else (another processor, an unknown feature) is returned as given.
+/// xnack+ are returned. Anything else (another processor, an unknown or repeated feature, a
+/// feature without + or -) is returned as given, to be refused where it is used.
 std::vector<std::string> hip_target_ids(const std::string& given);
 
-/// Path of the smla-hiprtc-worker executable: `hint` if given, else next to the running
-/// executable, next to the library holding smla (or its ../bin), else the build tree's bin/.
-/// Empty when none is found.
+/// Path of the smla-hiprtc-worker executable: `hint` if given, else $SMLA_HIPRTC_WORKER if set,
+/// else next to the running executable, next to the library holding smla (or its ../bin), else the
+/// build tree's bin/. Empty when none is found (or the one named is not an executable file).
 std::string hip_worker_path(const std::string& hint = "");
 
-/// Whether this hipRTC compiles for `target`: a tiny kernel is compiled once in a worker
-/// subprocess (so an abort cannot take this process down) and the answer is cached. `why`
-/// explains a no. Throws nothing.
+/// Whether this hipRTC compiles for `target`, which must be supported (hip_target_supported: else
+/// no worker runs and `why` says why): a tiny kernel is compiled in a worker subprocess (so
+/// an abort cannot take this process down). A definite answer is cached for the process's life
+/// (see detail::probe_verdict); a probe that gave none (the worker was killed, timed out, could
+/// not try) is not, and the next call probes again. `why` explains a no. Throws nothing.
 bool hip_target_known(const std::string& target, std::string* why, const std::string& worker = "");
 
+/// hipRTC behind smla::RtcCompiler.
+///
+/// compile() (what plan() calls) refuses unsupported targets (hip_target_supported), probes the
+/// target once in a worker, then compiles in an smla-hiprtc-worker process, so that a compiler
+/// crash (ROCm's LLVM aborts on some errors) becomes an smla::Error instead of the caller's death.
+/// Without a worker (none found: see hip_worker_path), it refuses a target the installed ROCm is
+/// too old for, and compiles in this process after a warning (once) saying how to provide one.
 class HipRtcCompiler : public RtcCompiler {
  public:
-  /// `probe_targets`: probe a target in a subprocess before its first in-process compile (off
-  /// only inside the worker itself). `worker`: path hint for hip_worker_path().
+  /// `probe_targets` false only inside the worker itself: compile in this process, as asked,
+  /// with no probe and no refusal. `worker`: path hint for hip_worker_path().
   explicit HipRtcCompiler(bool probe_targets = true, std::string worker = "");
 
   std::string family() const override { return "hip"; }
@@ -48,8 +67,9 @@ class HipRtcCompiler : public RtcCompiler {
   /// detail::hiprtc_env_options(). Never hiprtcVersion, which is hard-coded in the library.
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
-  /// Serialized by a process-wide mutex. Throws Status::CompileError carrying the hipRTC log and
-  /// the path of the dumped source.
+  /// In-process compiles are serialized by a process-wide mutex. Throws Status::Unsupported for a
+  /// processor smla does not support, Status::CompileError carrying the hipRTC log and the path of
+  /// the dumped source, or what ended the worker.
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
 
  private:
@@ -64,9 +84,12 @@ struct HipWorkerResult {
   CompileResult result;  // binary when ok; the log in any case
   std::string error;     // what failed (exit status, signal, the dumped-source path)
   int exit_status = -1;  // the worker's exit status (see hiprtc_worker.cpp); -1 if it died
+  int signal = 0;        // the signal that ended it, if one did
+  bool timed_out = false;
 };
 
-/// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes.
+/// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes, each
+/// killed when still running after hip_worker_timeout_s() (SMLA_HIPRTC_TIMEOUT_S).
 /// Results are in the order of `sources`. Throws Status::CompileError only when no worker can
 /// be started (none found); per-source failures are reported in the results.
 std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<RenderedSource>& sources,
@@ -74,6 +97,17 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
                                                          const std::string& worker = "");
 
 namespace detail {
+enum class ProbeVerdict { Known, Refused, NoVerdict };
+/// What a target probe's worker result says. Known: a valid code object. Refused, a definite no:
+/// hipRTC reported an error on the one-line probe kernel (exit 2), or crashed on it (SIGABRT,
+/// SIGSEGV, SIGBUS, SIGILL, SIGFPE; ROCm 5.x aborts on a processor it does not know), or produced
+/// no valid AMDGPU ELF. NoVerdict: anything else (the worker could not try, was killed by SIGKILL
+/// or SIGTERM, timed out, could not start, its exit status was lost).
+ProbeVerdict probe_verdict(const HipWorkerResult& r);
+/// hip_target_known with the verdict; a Refused `why` adds, for gfx950 and gfx942, the ROCm they need.
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "");
+/// Forgets the cached verdicts (tests).
+void forget_probes();
 /// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and
 /// non-empty: options hipRTC adds to every compile or link, so part of the compiler identity.
 std::string hiprtc_env_options();

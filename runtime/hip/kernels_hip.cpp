@@ -86,13 +86,20 @@ std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
   switch (phase) {
     case Phase::Dq: {
       const unsigned waves = (t.dq_block_h / 16) * (t.dq_block_r / 16);
-      return {make_spec("dq", "smla_dq", {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}},
-                   grid_xy(s.T, s.H / t.dq_block_h), waves * kWave, smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r))};
+      const unsigned lds = smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r);
+      // SMLA_SMEM_BYTES: checked against the source's carve (SMLA_CHECK_SMEM), so that a kernel tree given at run
+      // time (SMLA_KERNEL_SRC_DIR) that carves more LDS than this fails to compile instead of reading past it.
+      return {make_spec("dq", "smla_dq",
+                        {{"HEADS", s.H}, {"BLOCK_H", t.dq_block_h}, {"BLOCK_R", t.dq_block_r}, {"SMLA_SMEM_BYTES", lds}},
+                        grid_xy(s.T, s.H / t.dq_block_h), waves * kWave, lds)};
     }
-    case Phase::DkvInterm:
+    case Phase::DkvInterm: {
+      const unsigned lds = smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d);
       return {make_spec("dkv_interm", "smla_dkv_interm",
-                   {{"HEADS", s.H}, {"BLOCK_D", t.dkv_block_d}, {"BLOCK_R", t.dkv_block_r}, {"NUM_WAVES", kDkvWaves}},
-                   grid_xy(s.T, SMLA_D / t.dkv_block_d), kDkvWaves * kWave, smla_amd_dkv_lds_bytes(s.H, t.dkv_block_d))};
+                        {{"HEADS", s.H}, {"BLOCK_D", t.dkv_block_d}, {"BLOCK_R", t.dkv_block_r}, {"NUM_WAVES", kDkvWaves},
+                         {"SMLA_SMEM_BYTES", lds}},
+                        grid_xy(s.T, SMLA_D / t.dkv_block_d), kDkvWaves * kWave, lds)};
+    }
     case Phase::Csr: {
       const std::vector<std::pair<std::string, long long>> d{{"CSR_THREADS", kSmallThreads}};
       KernelSpec sort;

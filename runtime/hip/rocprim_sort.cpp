@@ -13,7 +13,7 @@ namespace smla::hip {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr int kAbi = 1;  // must match SMLA_ROCPRIM_ABI in rocprim_sort.hip
+constexpr int kAbi = 2;  // must match SMLA_ROCPRIM_ABI in rocprim_sort.hip
 
 std::vector<std::string> candidates(const std::string& hint) {
   const char* name = "libsmla_rocprim.so";
@@ -53,10 +53,20 @@ const RocprimSort* RocprimSort::get(std::string* why, const std::string& path_hi
       auto abi = reinterpret_cast<int (*)()>(dlsym(h, "smla_rocprim_abi_version"));
       loaded.temp_bytes_ = reinterpret_cast<decltype(loaded.temp_bytes_)>(dlsym(h, "smla_rocprim_sort_pairs_temp_bytes"));
       loaded.sort_ = reinterpret_cast<decltype(loaded.sort_)>(dlsym(h, "smla_rocprim_sort_pairs"));
-      if (!abi || abi() != kAbi || !loaded.temp_bytes_ || !loaded.sort_) {
-        error += "; " + path + " is not a matching libsmla_rocprim (ABI " + std::to_string(kAbi) + ")";
+      auto targets = reinterpret_cast<const char* (*)()>(dlsym(h, "smla_rocprim_targets"));
+      if (!abi || abi() != kAbi || !loaded.temp_bytes_ || !loaded.sort_ || !targets) {
+        error += "; " + path + " is not a matching libsmla_rocprim (ABI " + std::to_string(kAbi) +
+                 "; rebuild it with this smla: the smla_rocprim target)";
         dlclose(h);
         continue;
+      }
+      loaded.targets_.clear();
+      const std::string list = targets() ? targets() : "";
+      for (size_t b = 0; b < list.size();) {
+        size_t e = list.find(',', b);
+        if (e == std::string::npos) e = list.size();
+        if (e > b) loaded.targets_.push_back(list.substr(b, e - b));
+        b = e + 1;
       }
       loaded.path_ = path;
       ok = true;
@@ -65,6 +75,25 @@ const RocprimSort* RocprimSort::get(std::string* why, const std::string& path_hi
   }
   if (!ok && why) *why = "libsmla_rocprim.so unavailable (build it with hipcc: SMLA_WITH_ROCPRIM): " + error;
   return ok ? &loaded : nullptr;
+}
+
+bool rocprim_supports(const std::vector<std::string>& built, const std::string& path, const std::string& target,
+                      std::string* why) {
+  const std::string proc = target.substr(0, target.find(':'));
+  for (const std::string& b : built)
+    if (b == proc) return true;
+  if (why) {
+    std::string list;
+    for (const std::string& b : built) list += (list.empty() ? "" : ", ") + b;
+    *why = "the AMD csr sort " + path + " has device code for " + (list.empty() ? "no processor" : list) +
+           ", not for " + proc + " (target " + target + "): rebuild it with a hipcc that accepts --offload-arch=" +
+           proc + " (reconfigure with -DSMLA_HIPCC=<that ROCm's bin/hipcc> and build the smla_rocprim target)";
+  }
+  return false;
+}
+
+bool RocprimSort::supports(const std::string& target, std::string* why) const {
+  return rocprim_supports(targets_, path_, target, why);
 }
 
 size_t RocprimSort::temp_bytes(int n, int begin_bit, int end_bit) const {

@@ -5,11 +5,21 @@
 
 #include <rocprim/device/device_radix_sort.hpp>
 
-#define SMLA_ROCPRIM_ABI 1
+#define SMLA_ROCPRIM_ABI 2
+
+// The --offload-arch list this library was built with, comma-separated (runtime/hip/CMakeLists.txt).
+#ifndef SMLA_ROCPRIM_TARGETS
+#error "build with -DSMLA_ROCPRIM_TARGETS=<the --offload-arch targets, comma-separated>"
+#endif
+#define SMLA_ROCPRIM_STR(...) #__VA_ARGS__
+#define SMLA_ROCPRIM_XSTR(...) SMLA_ROCPRIM_STR(__VA_ARGS__)
 
 extern "C" {
 
 __attribute__((visibility("default"))) int smla_rocprim_abi_version() { return SMLA_ROCPRIM_ABI; }
+
+/// "gfx90a,gfx942": the processors this library has device code for.
+__attribute__((visibility("default"))) const char* smla_rocprim_targets() { return SMLA_ROCPRIM_XSTR(SMLA_ROCPRIM_TARGETS); }
 
 /// Temporary storage for sorting `n` pairs on bits [begin_bit, end_bit). Returns a hipError_t.
 __attribute__((visibility("default"))) int smla_rocprim_sort_pairs_temp_bytes(int n, int begin_bit,

@@ -1,10 +1,14 @@
 // hip_test_util.hpp: shared helpers of the HIP tests (sources, files, a shell-out).
 #pragma once
+#include <sys/stat.h>
+
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "runtime/backend.hpp"
 #include "runtime/hip/hip_api.hpp"
@@ -62,6 +66,39 @@ inline std::string run_command(const std::string& cmd, int* status) {
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   *status = pclose(p);
   return out;
+}
+
+// Sets an environment variable for one scope (unset again, or its old value restored).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+/// Writes an executable shell script `dir`/`name` ("#!/bin/sh" then `body`) and returns its path:
+/// a fake smla-hiprtc-worker (it gets <request> <code-object-out> <log-out> like the real one).
+inline std::string write_script(const std::string& dir, const std::string& name, const std::string& body) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+/// A fake worker that runs the real one for the target probe (its source names smla_probe) and
+/// `otherwise` (shell) for everything else.
+inline std::string probe_passing_worker(const std::string& dir, const std::string& name, const std::string& otherwise) {
+  return write_script(dir, name,
+                      "if grep -qs -e smla_probe -- \"$@\"; then exec '" SMLA_HIPRTC_WORKER_PATH "' \"$@\"; fi\n" + otherwise);
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& s) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "hip_test_util.hpp"
 #include "runtime/hip/amdgpu_elf.hpp"
 #include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 
 namespace smla::hip {
@@ -89,7 +91,9 @@ TEST(HipRtcCompiler, CompilesForGfx950WhereThisHipRtcKnowsIt) {
   SMLA_REQUIRE_HIPRTC();
   std::string why;
   const std::string target = hip_default_target();
-  if (!hip_target_known(target, &why, SMLA_HIPRTC_WORKER_PATH)) {
+  const detail::ProbeVerdict v = detail::probe_target(target, &why, SMLA_HIPRTC_WORKER_PATH);
+  ASSERT_NE(v, detail::ProbeVerdict::NoVerdict) << why;  // a failed probe is a failure, not a skip
+  if (v == detail::ProbeVerdict::Refused) {
     // The process must survive asking for it: a clean CompileError, not a hipRTC abort.
     try {
       make_compiler().compile(test::mfma_source("smla_test_mfma"), target);
@@ -101,6 +105,111 @@ TEST(HipRtcCompiler, CompilesForGfx950WhereThisHipRtcKnowsIt) {
   }
   expect_real_code_object(make_compiler().compile(test::mfma_source("smla_test_mfma"), target),
                           "smla_test_mfma", "gfx950");
+}
+
+TEST(HipRtcCompiler, RefusesProcessorsTheKernelsAreNotWrittenForBeforeAnyCompile) {
+  for (const std::string& t : hip_known_targets()) EXPECT_TRUE(hip_target_supported(t, nullptr)) << t;
+  for (const char* t : {"gfx90a", "gfx942", "gfx950", "gfx90a:xnack+"}) EXPECT_TRUE(hip_target_supported(t, nullptr)) << t;
+  for (const char* t : {"gfx908:sramecc+:xnack-", "gfx908", "gfx1100", "gfx940", "sm_90a", ""}) {
+    std::string why;
+    EXPECT_FALSE(hip_target_supported(t, &why)) << t;
+    EXPECT_NE(why.find(std::string("'") + hip_target_processor(t) + "'"), std::string::npos) << why;
+    for (const char* p : {"gfx90a", "gfx942", "gfx950"}) EXPECT_NE(why.find(p), std::string::npos) << why;
+  }
+  // gfx908 (MI100) has no bf16_1k MFMA: ROCm 5.2's LLVM aborted the whole process compiling for it
+  // (its probe passes). Refused before any worker runs: this one would leave a mark.
+  TempDir dir("smla-test");
+  const std::string mark = dir.path() + "/ran";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "touch '" + mark + "'\nexit 3");
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_test_gfx908"), "gfx908:sramecc+:xnack-");
+    ADD_FAILURE() << "compiling for gfx908 was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported) << e.message();
+    EXPECT_NE(e.message().find("gfx908"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("gfx950"), std::string::npos) << e.message();
+  }
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "a worker ran for an unsupported processor";
+}
+
+TEST(HipRtcCompiler, TargetIdSyntaxIsCheckedAndRefusedClearly) {
+  for (const char* good : {"gfx90a:xnack+:sramecc-", "gfx942:sramecc+", "gfx950:xnack-", "gfx90a:sramecc+:xnack+"})
+    EXPECT_TRUE(hip_target_supported(good, nullptr)) << good;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"gfx90a:xnack", "the feature 'xnack' needs a + or -"},  // hipRTC took it, and the probe crashed
+      {"gfx90a:xnack+:xnack-", "the feature xnack is named twice"},  // was taken as xnack-
+      {"gfx90a:sramecc+:xnack-:sramecc+", "the feature sramecc is named twice"},
+      {"gfx90a:", "unknown feature ''"},
+      {"gfx90a::xnack+", "unknown feature ''"},
+      {"gfx90a:foo+", "unknown feature 'foo+'"},
+      {"gfx90a:xnack+-", "unknown feature 'xnack+-'"},
+      {"gfx90a:xnack=1", "unknown feature 'xnack=1'"},
+      {"GFX90A", "'GFX90A' is not an AMD processor name"},
+      {"gfx", "'gfx' is not an AMD processor name"},
+      {"gfx90a xnack+", "'gfx90a xnack+' is not an AMD processor name"},
+  };
+  TempDir dir("smla-test");
+  const std::string mark = dir.path() + "/ran";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "touch '" + mark + "'\nexit 3");
+  for (const auto& [target, what] : bad) {
+    std::string why;
+    EXPECT_FALSE(hip_target_supported(target, &why)) << target;
+    EXPECT_NE(why.find("malformed AMD target id '" + target + "': " + what), std::string::npos) << why;
+    // Refused as such before any probe, and by warm-up's expansion left as given for that.
+    EXPECT_FALSE(hip_target_known(target, &why, worker)) << target;
+    EXPECT_NE(why.find("malformed AMD target id"), std::string::npos) << why;
+    EXPECT_EQ(hip_target_ids(target), std::vector<std::string>{target});
+  }
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "a worker probed a malformed target id";
+}
+
+TEST(HipRtcCompiler, TargetKnownThrowsNothingWithoutATemporaryDirectory) {
+  detail::forget_probes();
+  std::string why;
+  bool known = true;
+  {
+    test::ScopedEnv tmp("TMPDIR", "/nonexistent/smla-tmp");
+    EXPECT_NO_THROW(known = hip_target_known("gfx90a", &why, SMLA_HIPRTC_WORKER_PATH));
+  }
+  EXPECT_FALSE(known);
+  EXPECT_NE(why.find("TMPDIR='/nonexistent/smla-tmp'"), std::string::npos) << why;
+  EXPECT_NE(why.find("set it to an existing writable directory"), std::string::npos) << why;
+  EXPECT_EQ(why.find("cannot compile"), std::string::npos) << "no verdict without a probe: " << why;
+  detail::forget_probes();
+}
+
+TEST(HipRtcCompiler, CompilesInTheWorkerSoThatACompilerCrashIsAnError) {
+  SMLA_REQUIRE_HIPRTC();
+  // What plan() calls: the probe passes, then the compile's worker dies as LLVM's abort would kill it.
+  TempDir dir("smla-test");
+  const std::string worker = test::probe_passing_worker(dir.path(), "smla-hiprtc-worker", "kill -ABRT $$");
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_test_crash"), "gfx90a");
+    ADD_FAILURE() << "the compile did not go through the worker (it would have died with it)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("killed by signal 6"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("smla_test_crash"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("source dumped to "), std::string::npos) << e.message();
+  }
+}
+
+TEST(HipRtcCompiler, WithoutAWorkerRefusesWhatThisRocmCannotCompileAndCompilesTheRest) {
+  SMLA_REQUIRE_HIPRTC();
+  HipRtcCompiler here(true, "/nonexistent/smla-hiprtc-worker");
+  const ElfInfo elf = read_elf(here.compile(test::mfma_source("smla_test_here"), "gfx90a").binary);
+  ASSERT_TRUE(elf.valid) << elf.error;
+  EXPECT_TRUE(contains(elf.symbols, "smla_test_here"));
+  if (hip_runtime_version(Api::require()) >= 70000000) GTEST_SKIP() << "this ROCm (>= 7.0) compiles for gfx950";
+  // ROCm 5.2's hipRTC died in this process on gfx950 (munmap_chunk(): invalid pointer), logging nothing.
+  try {
+    here.compile(test::mfma_source("smla_test_here"), "gfx950");
+    ADD_FAILURE() << "gfx950 compiled with ROCm < 7";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("gfx950 needs ROCm >= 7.0"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("SMLA_HIPRTC_WORKER"), std::string::npos) << e.message();
+  }
 }
 
 TEST(HipRtcCompiler, CompileErrorCarriesLogAndDumpedSource) {
@@ -119,6 +228,68 @@ TEST(HipRtcCompiler, CompileErrorCarriesLogAndDumpedSource) {
     EXPECT_NE(path.find("smla-failed/smla_broken-"), std::string::npos) << path;
     EXPECT_EQ(test::read_text(path), bad.text);
   }
+}
+
+TEST(HipTargetProbe, OnlyADefiniteRefusalIsAVerdictAgainst) {
+  using detail::ProbeVerdict;
+  auto verdict = [](int exit_status, int signal, bool timed_out = false) {
+    HipWorkerResult r;
+    r.exit_status = exit_status;
+    r.signal = signal;
+    r.timed_out = timed_out;
+    return detail::probe_verdict(r);
+  };
+  EXPECT_EQ(verdict(2, 0), ProbeVerdict::Refused);  // hipRTC's error on a one-line kernel
+  for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::Refused) << sig;
+  for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::NoVerdict) << sig;
+  EXPECT_EQ(verdict(-1, SIGKILL, true), ProbeVerdict::NoVerdict);  // timed out
+  for (int code : {1, 3, 4, 5, 127}) EXPECT_EQ(verdict(code, 0), ProbeVerdict::NoVerdict) << code;
+  EXPECT_EQ(verdict(-1, 0), ProbeVerdict::NoVerdict);  // could not start, status lost
+  HipWorkerResult junk;
+  junk.ok = true;
+  junk.exit_status = 0;
+  junk.result.binary = {1, 2, 3};
+  EXPECT_EQ(detail::probe_verdict(junk), ProbeVerdict::Refused);
+}
+
+TEST(HipTargetProbe, AKilledProbeIsNoVerdictAndTheNextProbeDecides) {
+  detail::forget_probes();
+  TempDir dir("smla-test");
+  const std::string target = "gfx90a:sramecc+:xnack-";
+  std::string why;
+  // The OOM killer's SIGKILL, a SIGTERM, a timeout: nothing about the target. They were cached
+  // for the process's life as "hipRTC cannot compile for gfx90a".
+  for (const char* sig : {"KILL", "TERM"}) {
+    const std::string w = test::write_script(dir.path(), std::string("w-") + sig, std::string("kill -") + sig + " $$");
+    EXPECT_EQ(detail::probe_target(target, &why, w), detail::ProbeVerdict::NoVerdict) << sig;
+    EXPECT_NE(why.find("gave no verdict"), std::string::npos) << why;
+    EXPECT_EQ(why.find("cannot compile"), std::string::npos) << why;
+  }
+  SMLA_REQUIRE_HIPRTC();
+  EXPECT_TRUE(hip_target_known(target, &why, SMLA_HIPRTC_WORKER_PATH)) << why;
+  detail::forget_probes();
+}
+
+TEST(HipTargetProbe, ACrashOnTheProbeIsCachedAndNamesTheRocmOnlyWhereOneIsNeeded) {
+  detail::forget_probes();
+  TempDir dir("smla-test");
+  const std::string aborts = test::write_script(dir.path(), "w-abrt", "echo 'LLVM ERROR: fake' >&2\nkill -ABRT $$");
+  std::string why;
+  EXPECT_EQ(detail::probe_target("gfx942:sramecc+:xnack-", &why, aborts), detail::ProbeVerdict::Refused);
+  EXPECT_NE(why.find("hipRTC cannot compile for gfx942:sramecc+:xnack-"), std::string::npos) << why;
+  EXPECT_NE(why.find("killed by signal 6"), std::string::npos) << why;
+  EXPECT_NE(why.find("LLVM ERROR: fake"), std::string::npos) << why;
+  EXPECT_NE(why.find("gfx942 needs ROCm >= 5.7"), std::string::npos) << why;
+  // Cached: no worker runs for it again.
+  const std::string mark = dir.path() + "/ran";
+  const std::string marks = test::write_script(dir.path(), "w-mark", "touch '" + mark + "'\nexit 3");
+  EXPECT_FALSE(hip_target_known("gfx942:sramecc+:xnack-", &why, marks));
+  EXPECT_NE(why.find("hipRTC cannot compile"), std::string::npos) << why;
+  EXPECT_FALSE(std::filesystem::exists(mark));
+  // gfx90a: every ROCm smla loads knows it, so no version is named.
+  EXPECT_EQ(detail::probe_target("gfx90a:sramecc-:xnack+", &why, aborts), detail::ProbeVerdict::Refused);
+  EXPECT_EQ(why.find("ROCm >="), std::string::npos) << why;
+  detail::forget_probes();
 }
 
 TEST(AmdgpuElf, RejectsWhatIsNotAnAmdgpuObject) {

@@ -1,12 +1,24 @@
 // hiprtc_worker_test.cpp: parallel warm-up through smla-hiprtc-worker subprocesses.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "hip_test_util.hpp"
 #include "runtime/hip/amdgpu_elf.hpp"
 #include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_subprocess.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
+
+extern char** environ;
 
 namespace smla::hip {
 namespace {
@@ -77,6 +89,195 @@ TEST(HipRtcWorker, MissingWorkerIsAClearError) {
     EXPECT_EQ(e.status(), Status::CompileError);
     EXPECT_NE(e.message().find("smla-hiprtc-worker"), std::string::npos);
   }
+}
+
+TEST(HipRtcWorker, AHungWorkerIsKilledAfterTheTimeout) {
+  // A worker that never ends (hipRTC stuck on a file system, a deadlock) hung warm-up and plan() for ever.
+  TempDir dir("smla-test");
+  const std::string pid_file = dir.path() + "/pid";
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "echo $$ > '" + pid_file + "'\nexec sleep 30");
+  test::ScopedEnv timeout("SMLA_HIPRTC_TIMEOUT_S", "1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_hung")}, "gfx90a", 1, worker);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 15.0) << "the hung worker was waited for";
+  EXPECT_GE(s, 0.9);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].error.find("timed out after 1 s"), std::string::npos) << r[0].error;
+  // Killed and reaped: its pid names no process any more (not even a zombie).
+  const pid_t pid = static_cast<pid_t>(std::atol(test::read_text(pid_file).c_str()));
+  ASSERT_GT(pid, 0);
+  EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " still exists";
+  // The compile plan() runs fails the same way, in time.
+  try {
+    HipRtcCompiler(true, worker).compile(test::mfma_source("smla_hung"), "gfx90a");
+    ADD_FAILURE() << "a hung worker compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("timed out after 1 s"), std::string::npos) << e.message();
+  }
+}
+
+TEST(HipRtcWorker, TimeoutKnobIsReadOrIgnoredWithAWarning) {
+  std::string w;
+  EXPECT_EQ(detail::parse_timeout_s(nullptr, &w), 600.0);
+  EXPECT_EQ(detail::parse_timeout_s("", &w), 600.0);
+  EXPECT_TRUE(w.empty()) << w;
+  EXPECT_EQ(detail::parse_timeout_s("2.5", &w), 2.5);
+  EXPECT_EQ(detail::parse_timeout_s("1200", &w), 1200.0);
+  EXPECT_TRUE(w.empty()) << w;
+  for (const char* bad : {"abc", "0", "-5", "10s", "inf", "nan", " "}) {
+    w.clear();
+    EXPECT_EQ(detail::parse_timeout_s(bad, &w), 600.0) << bad;
+    EXPECT_NE(w.find(std::string("ignoring SMLA_HIPRTC_TIMEOUT_S='") + bad + "'"), std::string::npos) << w;
+  }
+  test::ScopedEnv env("SMLA_HIPRTC_TIMEOUT_S", "7");
+  EXPECT_EQ(hip_worker_timeout_s(), 7.0);
+  // A huge limit is a limit never reached (its poll interval once overflowed an int).
+  EXPECT_EQ(detail::parse_timeout_s("1e300", &w), 1e300);
+  const std::vector<ChildStatus> st = run_children({{"/bin/sh", "-c", "sleep 0.2; exit 4"}}, 1, {}, 1e300);
+  ASSERT_TRUE(st[0].exited) << st[0].describe();
+  EXPECT_EQ(st[0].code, 4);
+}
+
+// SIGCHLD set to SIG_IGN for one scope, as servers and daemons often do: the kernel then reaps
+// every child itself and waitpid fails with ECHILD.
+class IgnoreSigchld {
+ public:
+  IgnoreSigchld() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGCHLD, &sa, &old_);
+  }
+  ~IgnoreSigchld() { sigaction(SIGCHLD, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
+TEST(HipRtcWorker, WorksInAProcessThatIgnoresSigchld) {
+  TempDir dir("smla-test");
+  IgnoreSigchld ignore;
+  // A worker that ended normally was reported as "could not start: waitpid: No child processes".
+  const std::string fails = test::write_script(dir.path(), "w-fail",
+                                               "for a; do log=$a; done\necho 'fake compile error' > \"$log\"\n"
+                                               "[ \"$1\" = --status ] && echo 2 > \"$2\"\nexit 2");
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, fails);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_EQ(r[0].exit_status, 2) << r[0].error;
+  EXPECT_NE(r[0].error.find("exit status 2; fake compile error"), std::string::npos) << r[0].error;
+  // One that died wrote no status: that is said, and it is not taken for one that could not start.
+  const std::string killed = test::write_script(dir.path(), "w-kill", "kill -KILL $$");
+  r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, killed);
+  EXPECT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].error.find("SIGCHLD"), std::string::npos) << r[0].error;
+  EXPECT_NE(r[0].error.find("died before finishing"), std::string::npos) << r[0].error;
+  EXPECT_EQ(r[0].error.find("could not start"), std::string::npos) << r[0].error;
+  EXPECT_EQ(detail::probe_verdict(r[0]), detail::ProbeVerdict::NoVerdict);
+
+  SMLA_REQUIRE_HIPRTC();
+  r = hip_compile_in_subprocesses({test::mfma_source("smla_ign")}, "gfx90a", 1, SMLA_HIPRTC_WORKER_PATH);
+  ASSERT_TRUE(r[0].ok) << r[0].error;
+  EXPECT_TRUE(read_elf(r[0].result.binary).valid);
+  detail::forget_probes();  // the probe too runs with SIGCHLD ignored
+  CompileResult c = HipRtcCompiler(true, SMLA_HIPRTC_WORKER_PATH).compile(test::mfma_source("smla_ign"), "gfx90a");
+  EXPECT_EQ(c.binary, r[0].result.binary);
+}
+
+// Whether process `pid` has ended: gone, or a zombie nobody reaped yet (its parent died).
+bool process_ended(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return true;
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X');
+}
+
+TEST(HipRtcWorker, DiesWithItsParent) {
+  // An interrupted parent left its workers compiling, re-parented to init. Here a process starts the
+  // real worker on a request that blocks (a FIFO nobody writes) and exits at once.
+  TempDir dir("smla-test");
+  const std::string req = dir.path() + "/req";
+  ASSERT_EQ(mkfifo(req.c_str(), 0600), 0);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t middle = fork();
+  ASSERT_GE(middle, 0);
+  if (middle == 0) {
+    const std::string parent = std::to_string(getpid()), co = dir.path() + "/co", log = dir.path() + "/log";
+    const char* argv[] = {SMLA_HIPRTC_WORKER_PATH, "--parent", parent.c_str(), req.c_str(), co.c_str(), log.c_str(),
+                          nullptr};
+    pid_t worker = 0;
+    if (posix_spawn(&worker, argv[0], nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) worker = -1;
+    (void)!write(fds[1], &worker, sizeof worker);
+    _exit(0);
+  }
+  close(fds[1]);
+  pid_t worker = 0;
+  ASSERT_EQ(read(fds[0], &worker, sizeof worker), static_cast<ssize_t>(sizeof worker));
+  close(fds[0]);
+  int status = 0;
+  waitpid(middle, &status, 0);
+  ASSERT_GT(worker, 0) << "the worker did not start";
+  bool ended = false;
+  for (int i = 0; i < 200 && !(ended = process_ended(worker)); ++i) usleep(50000);
+  EXPECT_TRUE(ended) << "worker " << worker << " still runs 10 s after its parent died";
+  if (!ended) kill(worker, SIGKILL);
+}
+
+TEST(HipRtcWorker, ExitsWhenItsParentIsNotTheOneNamed) {
+  // The parent may die before the worker arms its death signal: the worker checks it was not re-parented.
+  TempDir dir("smla-test");
+  const std::string base = dir.path() + "/x";
+  detail::write_request(base + ".req", test::mfma_source("smla_orphan"), "gfx90a");
+  auto st = run_children({{SMLA_HIPRTC_WORKER_PATH, "--parent", "1", base + ".req", base + ".co", base + ".log"}}, 1,
+                         {base + ".out"}, 60);
+  ASSERT_TRUE(st[0].exited) << st[0].describe();
+  EXPECT_EQ(st[0].code, 5);
+  EXPECT_NE(test::read_text(base + ".out").find("parent 1 is gone"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(base + ".co"));
+}
+
+TEST(HipRtcWorker, TempDirsNameTheirProcessAndStaleOnesAreRemoved) {
+  TempDir root("smla-test");
+  const std::string host = detail::host_name();
+  // A pid that is certainly gone: a child that exited and was reaped.
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  namespace fs = std::filesystem;
+  auto make = [&](const std::string& name, int age_s) {
+    const fs::path p = fs::path(root.path()) / name;
+    fs::create_directories(p / "sub");
+    std::ofstream(p / "sub" / "f") << "x";
+    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::seconds(age_s));
+    return p;
+  };
+  const std::string pre = "smla-hiprtc";
+  const std::string d = std::to_string(dead);
+  const fs::path old_dead = make(pre + "." + host + "." + d + ".AAAAAA", 7200);
+  const fs::path new_dead = make(pre + "." + host + "." + d + ".BBBBBB", 10);  // maybe another PID namespace
+  const fs::path old_live = make(pre + "." + host + ".1.CCCCCC", 7200);
+  const fs::path old_ours = make(pre + "." + host + "." + std::to_string(getpid()) + ".DDDDDD", 7200);
+  const fs::path other_host = make(pre + ".elsewhere.example." + d + ".EEEEEE", 7200);
+  const fs::path old_style = make(pre + "-FFFFFF", 2 * 86400);
+  const fs::path new_style = make(pre + "-GGGGGG", 7200);
+  const fs::path unrelated = make("smla-hiprtcX." + host + "." + d + ".HHHHHH", 7200);
+  {
+    test::ScopedEnv tmp("TMPDIR", root.path().c_str());
+    TempDir t(pre);  // the first of its prefix in this directory: cleans
+    const std::string name = fs::path(t.path()).filename().string();
+    EXPECT_EQ(name.rfind(pre + "." + host + "." + std::to_string(getpid()) + ".", 0), 0u) << name;
+    EXPECT_TRUE(fs::is_directory(t.path()));
+  }
+  EXPECT_FALSE(fs::exists(old_dead));
+  EXPECT_FALSE(fs::exists(old_style));
+  for (const fs::path& kept : {new_dead, old_live, old_ours, other_host, new_style, unrelated})
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+  EXPECT_EQ(detail::clean_stale_temp_dirs(root.path(), pre, 5), 1);  // new_dead, past a 5 s age
+  EXPECT_FALSE(fs::exists(new_dead));
 }
 
 TEST(HipRtcWorker, RequestRoundTrip) {

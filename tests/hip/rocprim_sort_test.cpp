@@ -41,6 +41,28 @@ TEST(RocprimSort, LibraryBuiltForEveryProbedTargetAndLoads) {
   const RocprimSort* s = RocprimSort::get(&why, lib);
   ASSERT_NE(s, nullptr) << why;
   EXPECT_EQ(s->path(), lib);
+  // It says which processors it has code for: what CMake built it for.
+  std::string listed;
+  for (const std::string& t : s->targets()) listed += (listed.empty() ? "" : ";") + t;
+  EXPECT_EQ(listed, archs);
+  for (const std::string& t : s->targets()) EXPECT_TRUE(s->supports(t + ":sramecc+:xnack-", nullptr)) << t;
+  for (const char* t : {"gfx90a", "gfx942", "gfx950"}) {
+    const bool built = (";" + archs + ";").find(std::string(";") + t + ";") != std::string::npos;
+    EXPECT_EQ(s->supports(t, nullptr), built) << t << " in " << archs;
+  }
+}
+
+TEST(RocprimSort, ATargetItHasNoCodeForIsRefusedNamingWhatItHasAndHowToRebuild) {
+  // Debian's ROCm 5.2 hipcc builds it for gfx90a only: on an MI355X, run() failed with a bare hipError.
+  std::string why;
+  EXPECT_FALSE(rocprim_supports({"gfx90a"}, "/x/libsmla_rocprim.so", "gfx950:sramecc+:xnack-", &why));
+  for (const char* part : {"/x/libsmla_rocprim.so has device code for gfx90a, not for gfx950",
+                           "--offload-arch=gfx950", "-DSMLA_HIPCC=", "smla_rocprim target"})
+    EXPECT_NE(why.find(part), std::string::npos) << why;
+  EXPECT_TRUE(rocprim_supports({"gfx90a", "gfx942"}, "l", "gfx942:sramecc+:xnack-", nullptr));
+  EXPECT_TRUE(rocprim_supports({"gfx90a"}, "l", "gfx90a", nullptr));
+  EXPECT_FALSE(rocprim_supports({}, "l", "gfx90a", &why));
+  EXPECT_NE(why.find("no processor"), std::string::npos) << why;
 }
 
 TEST(RocprimSort, SortsPairsStablyOnTheDevice) {

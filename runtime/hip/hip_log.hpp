@@ -1,0 +1,14 @@
+// hip_log.hpp: warnings of the HIP backend, through the library's logger.
+#pragma once
+#include <string>
+
+namespace smla::hip::detail {
+
+/// Logs `msg` as a warning through the "smla" logger (stderr, SMLA_LOG_LEVEL) when a Runtime
+/// registered it, else through spdlog's default logger, as the disk cache does.
+void warn(const std::string& msg);
+
+/// warn(msg), once per process for each distinct message.
+void warn_once(const std::string& msg);
+
+}  // namespace smla::hip::detail

@@ -1,0 +1,45 @@
+// fake_amdhip64.cpp: a stand-in libamdhip64.so.6 (SONAME libamdhip64.so.6, as PyTorch-ROCm bundles
+// one) that exports every entry point smla binds, for the tests of which HIP runtime smla opens.
+// Nothing here is meant to be called: every function fails (hipErrorNoDevice), except the version.
+#include <cstddef>
+
+#define SMLA_FAKE(name) \
+  extern "C" __attribute__((visibility("default"))) int name() { return 100; }
+
+SMLA_FAKE(hipInit)
+SMLA_FAKE(hipDriverGetVersion)
+SMLA_FAKE(hipGetLastError)
+SMLA_FAKE(hipGetDeviceCount)
+SMLA_FAKE(hipDeviceGet)
+SMLA_FAKE(hipGetDevice)
+SMLA_FAKE(hipSetDevice)
+SMLA_FAKE(hipDeviceGetAttribute)
+SMLA_FAKE(hipGetDeviceProperties)
+SMLA_FAKE(hipModuleLoadData)
+SMLA_FAKE(hipModuleUnload)
+SMLA_FAKE(hipModuleGetFunction)
+SMLA_FAKE(hipModuleLaunchKernel)
+SMLA_FAKE(hipFuncSetAttribute)
+SMLA_FAKE(hipPointerGetAttributes)
+SMLA_FAKE(hipStreamSynchronize)
+SMLA_FAKE(hipMalloc)
+SMLA_FAKE(hipFree)
+SMLA_FAKE(hipMemcpy)
+SMLA_FAKE(hipMemcpyHtoD)
+SMLA_FAKE(hipMemcpyDtoH)
+SMLA_FAKE(hiprtcVersion)
+SMLA_FAKE(hiprtcCreateProgram)
+SMLA_FAKE(hiprtcCompileProgram)
+SMLA_FAKE(hiprtcGetProgramLogSize)
+SMLA_FAKE(hiprtcGetProgramLog)
+SMLA_FAKE(hiprtcGetCodeSize)
+SMLA_FAKE(hiprtcGetCode)
+SMLA_FAKE(hiprtcDestroyProgram)
+
+extern "C" __attribute__((visibility("default"))) int hipRuntimeGetVersion(int* v) {
+  *v = 60399999;  // "6.3.99999"
+  return 0;
+}
+extern "C" __attribute__((visibility("default"))) const char* hipGetErrorName(int) { return "fakeHipError"; }
+extern "C" __attribute__((visibility("default"))) const char* hipGetErrorString(int) { return "fake HIP runtime"; }
+extern "C" __attribute__((visibility("default"))) const char* hiprtcGetErrorString(int) { return "fake hipRTC"; }

@@ -1,0 +1,48 @@
+// hip_api_test.cpp: which HIP runtime smla opens. Api::get() opens it once per process, so each case
+// runs in a process of its own (a death test, re-executed: nothing inherited from this one).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/hip/hip_api.hpp"
+
+namespace smla::hip {
+namespace {
+
+// In a fresh process: runs `setup`, opens the HIP runtime and prints what it opened (or why not).
+void report_opened(void (*setup)()) {
+  setup();
+  std::string why;
+  const Api* a = Api::get(&why);
+  if (a) std::fprintf(stderr, "opened=%s\n", a->hip_library.c_str());
+  else std::fprintf(stderr, "not opened: %s\n", why.c_str());
+  std::fflush(stderr);
+  std::_Exit(a ? 0 : 1);
+}
+
+TEST(HipApi, UsesTheHipRuntimeAlreadyInTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // As PyTorch-ROCm does: its bundled libamdhip64.so.6 is loaded by path before smla is asked. smla opened
+  // "libamdhip64.so" first (here ROCm 5.2's): two HIP runtimes in one process.
+  EXPECT_EXIT(report_opened([] {
+                unsetenv("SMLA_LIBHIP");
+                if (!dlopen(SMLA_FAKE_HIP_LIB, RTLD_NOW | RTLD_GLOBAL)) std::_Exit(2);
+              }),
+              ::testing::ExitedWithCode(0), "opened=" SMLA_FAKE_HIP_LIB "\n");
+}
+
+TEST(HipApi, SmlaLibhipNamesTheRuntimeAndIsNotSilentlyReplaced) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(report_opened([] { setenv("SMLA_LIBHIP", SMLA_FAKE_HIP_LIB, 1); }), ::testing::ExitedWithCode(0),
+              "opened=" SMLA_FAKE_HIP_LIB "\n");
+  EXPECT_EXIT(report_opened([] { setenv("SMLA_LIBHIP", "/nonexistent/libamdhip64.so", 1); }),
+              ::testing::ExitedWithCode(1),
+              "not opened: SMLA_LIBHIP='/nonexistent/libamdhip64.so' could not be opened .*set it to the path of "
+              "libamdhip64.so, or unset it");
+}
+
+}  // namespace
+}  // namespace smla::hip
