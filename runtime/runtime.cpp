@@ -228,10 +228,13 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   }
   if (kind == BackendKind::Hip) {
     std::string not_ok;
+    // The device's processor and the sort's code for it, before any kernel is rendered or compiled.
+    if (!hip::hip_target_supported(target, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
     if (!hip_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
     // rocPRIM's sort keeps its temporary storage in the csr_hist region.
     const hip::RocprimSort* sort = hip::RocprimSort::get(&not_ok);
     if (!sort) SMLA_THROW(Status::NoBackend, "the AMD csr sort (libsmla_rocprim.so) is not available: " + not_ok);
+    if (!sort->supports(target, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
     plan->shape_.csr_sort_temp_bytes = sort->temp_bytes(plan->shape_.chunk_items(), 0,
                                                         hip::radix_bits_for(plan->shape_.num_kv));
   }

@@ -159,7 +159,9 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
       res.errors.push_back(target + ": the " + family + " run-time compiler cannot be loaded: " + why);
       continue;
     }
-    if (family == "hip" && !opts.dry_run && !hip::hip_target_known(target, &why, opts.hip_worker)) {
+    // A dry run lists without compiling, but not for a target plan() would refuse (its syntax, its processor).
+    if (family == "hip" && (opts.dry_run ? !hip::hip_target_supported(target, &why)
+                                         : !hip::hip_target_known(target, &why, opts.hip_worker))) {
       res.errors.push_back(target + ": " + why);
       continue;
     }

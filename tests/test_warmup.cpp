@@ -345,6 +345,21 @@ TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
   EXPECT_TRUE(csr);
 }
 
+// A dry run names an AMD processor or target id plan() would refuse, as a real warm-up does (it listed their kernels).
+TEST(Warmup, DryRunRefusesAnAmdTargetPlanWouldRefuse) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path;
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  const WarmupResult r = warm_kernels({seed_problem()}, {"gfx908", "gfx90a:xnack+:xnack-"}, o);
+  EXPECT_TRUE(r.items.empty());
+  ASSERT_EQ(r.errors.size(), 2u);
+  EXPECT_NE(r.errors[0].find("'gfx908'"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[0].find("not supported"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[1].find("xnack"), std::string::npos) << r.errors[1];
+}
+
 TEST(ShapeSpec, NumbersRangesAndNames) {
   auto ps = parse_shape_spec("4096,128,5120,512");
   ASSERT_EQ(ps.size(), 1u);
