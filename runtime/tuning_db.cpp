@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../cache/lock_file.hpp"
 #include "check.hpp"
 #include "env.hpp"
 #include "log.hpp"
@@ -270,32 +270,45 @@ void write_all(int fd, const std::string& data, const std::string& path) {
   }
 }
 
-// Holds an exclusive flock on "<db>.lock" (a separate file: the database itself is replaced by
-// rename, and a lock on a replaced inode would protect nothing).
-class FileLock {
+// An exclusive flock on "<db>.lock" (a separate file: the database itself is replaced by rename, and a lock on a
+// replaced inode would protect nothing), waited for at most `timeout_s`. The cache's LockFile: a process forked while
+// a store holds it does not keep it (see cache/lock_file.hpp).
+class DbLock {
  public:
-  explicit FileLock(const std::string& path) {
-    // 0666: the umask decides, so under umask 002 a group's shared database stays lockable by the group.
-    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
-    const int err = errno;
-    // One another user created without group write (umask 022, an older smla): flock needs only an open fd.
-    if (fd_ < 0 && err == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0)
-      SMLA_THROW(Status::InvalidArgument, "tuning db: cannot open lock file " + path + ": " + std::strerror(err) +
-                                              " (set SMLA_TUNING_DB to a writable path)");
-    while (::flock(fd_, LOCK_EX) != 0)
-      if (errno != EINTR) SMLA_THROW(Status::Internal, "tuning db: flock " + path + ": " + std::strerror(errno));
+  DbLock(const std::string& path, double timeout_s) {
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (lock_.acquire(path, timeout_s, {}, &err)) {
+      case cache::detail::LockFile::Acquired: return;
+      case cache::detail::LockFile::Unavailable:
+        SMLA_THROW(Status::InvalidArgument, "tuning db: " + err + " (set SMLA_TUNING_DB to a writable path)");
+      default: {
+        const std::string who = cache::detail::LockFile::holders(path);
+        char waited[32];
+        std::snprintf(waited, sizeof waited, "%.1f",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        SMLA_THROW(Status::Internal, "tuning db: waited " + std::string(waited) + " s for the lock file " + path +
+                                         ", held by " + (who.empty() ? "another process" : who) +
+                                         "; a store takes milliseconds, so that process is stuck: end it, or raise "
+                                         "SMLA_TUNING_DB_LOCK_TIMEOUT_S. Nothing was stored");
+      }
+    }
   }
-  ~FileLock() {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
 
  private:
-  int fd_;
+  cache::detail::LockFile lock_;
 };
+
+double lock_timeout_from_env() {
+  double t = kTuningDbLockTimeoutS;
+  if (const char* v = env("SMLA_TUNING_DB_LOCK_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double d = std::strtod(v, &end);
+    if (end && *end == 0 && d >= 0) t = d;
+    else log().warn("ignoring SMLA_TUNING_DB_LOCK_TIMEOUT_S='{}' (expected a number of seconds >= 0)", v);
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -379,7 +392,8 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
 
 TuningDb::TuningDb(std::string path, std::string runtime_version)
     : path_(path.empty() ? default_tuning_db_path() : std::move(path)),
-      version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)) {}
+      version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)),
+      lock_timeout_s_(lock_timeout_from_env()) {}
 
 void TuningDb::warn(const std::string& msg) const {
   warnings_.push_back(msg);
@@ -460,7 +474,7 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
   // Resolved once: the lock, the temp file and the rename target all sit beside the real file.
   const std::string real = resolve_for_write(path_);
   const std::string dir = parent_dir(real);
-  FileLock lock(real + ".lock");
+  DbLock lock(real + ".lock", lock_timeout_s_);
   // Re-read under the lock: entries other processes stored since we last looked are kept.
   json entries;
   std::string why;

@@ -3,7 +3,8 @@
 //
 // One versioned JSON file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else
 // ~/.cache/smla/tuning.json). Writers resolve symlinks in the path, take an flock on "<file>.lock"
-// beside the real file, re-read it, merge their entry and publish by rename, so several tuning
+// beside the real file (waiting at most SMLA_TUNING_DB_LOCK_TIMEOUT_S, default 60 s; a fork()ed
+// child does not keep it), re-read it, merge their entry and publish by rename, so several tuning
 // processes (through any link) merge instead of clobbering. Files and directories are created
 // 0666/0777 for the umask to decide (umask 002 and a setgid directory: a group's shared database).
 // Readers never lock (a rename is atomic). A corrupt file or one of an older schema is ignored
@@ -32,6 +33,10 @@ class KernelSources;
 /// Layout of the file; a file with another schema is ignored (warning); an older one is rewritten on store, a
 /// newer one makes store throw.
 constexpr int kTuningSchema = 1;
+
+/// How long a store waits for another writer's lock by default (SMLA_TUNING_DB_LOCK_TIMEOUT_S overrides it); a store
+/// itself takes milliseconds.
+constexpr double kTuningDbLockTimeoutS = 60;
 
 /// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json.
 std::string default_tuning_db_path();
@@ -88,7 +93,8 @@ class TuningDb {
 
   /// Adds or replaces the entry of `p`'s class on `target` (atomic, merged under a file lock).
   /// Throws smla::Error naming the path when the file cannot be read or written, is a directory,
-  /// or has a newer schema (left untouched).
+  /// or has a newer schema (left untouched), or naming the lock file (and its holder) when another
+  /// writer held it past the lock timeout (SMLA_TUNING_DB_LOCK_TIMEOUT_S, read at construction).
   void store(const std::string& target, const Problem& p, const TuningEntry& e);
 
   const std::string& path() const { return path_; }
@@ -101,6 +107,7 @@ class TuningDb {
   void warn(const std::string& msg) const;
 
   std::string path_, version_;
+  double lock_timeout_s_;
   mutable std::mutex mu_;
   mutable std::string stamp_;  // identity of the file last parsed (inode, size, mtime)
   mutable std::vector<std::pair<std::string, TuningEntry>> entries_;

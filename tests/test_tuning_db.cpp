@@ -2,6 +2,9 @@
 // processes storing at once, corrupt, foreign, malformed and unreadable files, runtime-version
 // isolation, symlinked paths, a group's shared database, smla-tune's verdict on the heuristic.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -259,6 +262,67 @@ TEST(TuningDb, ConcurrentWritersMerge) {
   // No temp file left behind.
   for (const auto& f : fs::directory_iterator(d.path))
     EXPECT_EQ(f.path().filename().string().find(".tmp."), std::string::npos) << f.path();
+}
+
+// Exit code of `pid`, or -1 when it is still running after `timeout_s` (then it is killed).
+int wait_exit_within(pid_t pid, double timeout_s) {
+  int st = 0;
+  if (!cache::test::wait_until([&] { return ::waitpid(pid, &st, WNOHANG) == pid; }, timeout_s)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    return -1;
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// A lock held for ever (a hung writer, or a process that inherited it) used to block every store without end. The
+// wait is bounded, and the error names the lock file and its holder; nothing is written.
+TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  const std::string before = read(path);
+  const int held = ::open((path + ".lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    ::setenv("SMLA_TUNING_DB_LOCK_TIMEOUT_S", "1", 1);
+    std::string r;
+    int rc = 1;
+    try {
+      TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));
+      r = "stored although the lock was held";
+    } catch (const Error& e) {
+      r = e.message();
+      rc = 0;
+    }
+    (void)!::write(p[1], r.data(), r.size());
+    ::_exit(rc);
+  }
+  ::close(p[1]);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = wait_exit_within(pid, 20);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) msg.append(buf, size_t(n));
+  ::close(p[0]);
+  ::close(held);
+  ASSERT_NE(rc, -1) << "the store waited for the lock without a bound";
+  EXPECT_EQ(rc, 0) << msg;
+  EXPECT_GE(s, 0.9);
+  EXPECT_LT(s, 10);
+  EXPECT_NE(msg.find(path + ".lock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << "the holder is named: " << msg;
+  EXPECT_NE(msg.find("SMLA_TUNING_DB_LOCK_TIMEOUT_S"), std::string::npos) << msg;
+  EXPECT_EQ(read(path), before) << "nothing stored";
+  TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));  // released: stores again
+  EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
 }
 
 class CorruptFile : public ::testing::TestWithParam<std::string> {};

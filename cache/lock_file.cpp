@@ -1,0 +1,143 @@
+// lock_file.cpp: LockFile and the registry of lock descriptors that a fork()ed child closes.
+#include "lock_file.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace smla::cache::detail {
+namespace {
+
+// The registry: descriptors of lock files this process has open. Opening and closing happen
+// under its mutex, so a fork() (whose prepare handler takes the mutex) never sees a descriptor
+// that is open but not yet registered, or unregistered but not yet closed.
+pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+std::vector<int>* g_fds = nullptr;  // never freed: threads may still lock at exit
+pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+void before_fork() { pthread_mutex_lock(&g_mu); }
+void after_fork_parent() { pthread_mutex_unlock(&g_mu); }
+void after_fork_child() {
+  // Only the thread that forked lives on here, and it holds g_mu (taken in before_fork). The
+  // locks are the parent's: drop the child's references to them without LOCK_UN, which would
+  // release them for the parent as well.
+  for (int fd : *g_fds) ::close(fd);
+  g_fds->clear();
+  pthread_mutex_unlock(&g_mu);
+}
+
+void init_registry() {
+  g_fds = new std::vector<int>();
+  g_fds->reserve(16);
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+int open_registered(const std::string& path, int* err) {
+  pthread_once(&g_once, init_registry);
+  pthread_mutex_lock(&g_mu);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // Another user's file in a shared directory, created without group write: flock needs only
+  // an open descriptor.
+  if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  *err = errno;
+  if (fd >= 0) {
+    try {
+      g_fds->push_back(fd);
+    } catch (...) {  // out of memory: better no lock than an unregistered one
+      ::close(fd);
+      fd = -1;
+      *err = ENOMEM;
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  return fd;
+}
+
+void close_registered(int fd) {
+  pthread_mutex_lock(&g_mu);
+  auto it = std::find(g_fds->begin(), g_fds->end(), fd);
+  if (it != g_fds->end()) g_fds->erase(it);
+  ::close(fd);
+  pthread_mutex_unlock(&g_mu);
+}
+
+}  // namespace
+
+LockFile::Result LockFile::acquire(const std::string& path, double timeout_s,
+                                   const std::function<bool()>& stop, std::string* err) {
+  release();
+  auto fail = [&](const std::string& what, int e) {
+    if (err) *err = what + " " + path + ": " + std::strerror(e);
+    release();
+    return Unavailable;
+  };
+  int e = 0;
+  fd_ = open_registered(path, &e);
+  if (fd_ < 0) return fail("cannot open lock file", e);
+  owner_ = ::getpid();
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+  int sleep_ms = 2;
+  for (;;) {
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return Acquired;
+    if (errno != EWOULDBLOCK && errno != EINTR) return fail("cannot lock", errno);
+    if (stop && stop()) {
+      release();
+      return Stopped;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      release();
+      return TimedOut;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    sleep_ms = std::min(sleep_ms * 2, 50);
+  }
+}
+
+void LockFile::release() {
+  if (fd_ < 0) return;
+  // In a child of the process that opened it, the atfork handler has closed the descriptor.
+  if (owner_ == ::getpid()) {
+    ::flock(fd_, LOCK_UN);  // harmless when not locked
+    close_registered(fd_);
+  }
+  fd_ = -1;
+}
+
+std::string LockFile::holders(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  char id[64];
+  std::snprintf(id, sizeof id, "%02x:%02x:%llu", major(st.st_dev), minor(st.st_dev),
+                (unsigned long long)st.st_ino);
+  std::ifstream in("/proc/locks");
+  std::vector<std::string> pids;
+  // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters are listed as "1: -> FLOCK ...".
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string n, kind, adv, mode, pid, dev;
+    ls >> n >> kind;
+    if (kind == "->") continue;
+    ls >> adv >> mode >> pid >> dev;
+    if (kind == "FLOCK" && dev == id && std::find(pids.begin(), pids.end(), pid) == pids.end())
+      pids.push_back(pid);
+  }
+  if (pids.empty()) return "";
+  std::string s = pids.size() == 1 ? "pid " : "pids ";
+  for (size_t i = 0; i < pids.size(); ++i) s += (i ? ", " : "") + pids[i];
+  return s;
+}
+
+}  // namespace smla::cache::detail
