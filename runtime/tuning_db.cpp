@@ -393,63 +393,79 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
 TuningDb::TuningDb(std::string path, std::string runtime_version)
     : path_(path.empty() ? default_tuning_db_path() : std::move(path)),
       version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)),
-      lock_timeout_s_(lock_timeout_from_env()) {}
+      lock_timeout_s_(lock_timeout_from_env()),
+      state_(new State(::getpid())) {}
 
-void TuningDb::warn(const std::string& msg) const {
-  warnings_.push_back(msg);
+TuningDb::~TuningDb() { delete state_.load(); }
+
+TuningDb::State& TuningDb::state() const {
+  State* s = state_.load(std::memory_order_acquire);
+  const pid_t me = ::getpid();
+  if (s->pid == me) return *s;
+  auto* fresh = new State(me);
+  if (state_.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread of this child was first: `s` is its state
+  return *s;
+}
+
+void TuningDb::warn(State& st, const std::string& msg) const {
+  st.warnings.push_back(msg);
   log().warn("{}", msg);
 }
 
 std::vector<std::string> TuningDb::warnings() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return warnings_;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.warnings;
 }
 
-void TuningDb::refresh() const {
+void TuningDb::refresh(State& st) const {
   const std::string stamp = file_stamp(path_);
-  if (stamp == stamp_) return;  // unchanged since the last parse: warnings were given then
-  stamp_ = stamp;
-  entries_.clear();
+  if (stamp == st.stamp) return;  // unchanged since the last parse: warnings were given then
+  st.stamp = stamp;
+  st.entries.clear();
   json entries;
   std::string why;
   switch (read_db(path_, &entries, &why)) {
     case Parsed::Absent: return;
     case Parsed::Unreadable:
-      warn("tuning db " + path_ + " " + why + ": ignored; the planner uses its heuristics");
+      warn(st, "tuning db " + path_ + " " + why + ": ignored; the planner uses its heuristics");
       return;
     case Parsed::Corrupt:
-      warn("tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the next "
-           "smla-tune store rewrites it");
+      warn(st, "tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the "
+               "next smla-tune store rewrites it");
       return;
     case Parsed::OlderSchema:
-      warn("tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
+      warn(st, "tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
       return;
     case Parsed::NewerSchema:
-      warn("tuning db " + path_ + " has " + why + ": ignored (a newer smla wrote it; this one will not overwrite it)");
+      warn(st, "tuning db " + path_ + " has " + why +
+                   ": ignored (a newer smla wrote it; this one will not overwrite it)");
       return;
     case Parsed::Ok: break;
   }
   for (auto it = entries.begin(); it != entries.end(); ++it) {
     TuningEntry e;
     const std::string bad = entry_from_json(it.value(), &e);
-    if (bad.empty()) entries_.emplace_back(it.key(), e);
-    else warn("tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored (" + bad + ")");
+    if (bad.empty()) st.entries.emplace_back(it.key(), e);
+    else warn(st, "tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored (" + bad + ")");
   }
 }
 
 std::optional<TuningEntry> TuningDb::find(const std::string& target, const Problem& p) const {
   const std::string key = tuning_key(target, p, version_);
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  refresh(st);
+  for (auto it = st.entries.begin(); it != st.entries.end(); ++it) {
     if (it->first != key) continue;
     // The key holds topk, so an r_chunk that does not divide it was never a measured config: the planner would
     // reject it naming Problem::r_chunk, which the user never set. Dropped until the file changes (one warning).
     const int64_t rc = it->second.config.r_chunk;
     if (rc && p.topk % rc != 0) {
-      warn("tuning db " + path_ + ": malformed entry '" + key + "' ignored (r_chunk " + std::to_string(rc) +
-           " does not divide topk " + std::to_string(p.topk) + ")");
-      entries_.erase(it);
+      warn(st, "tuning db " + path_ + ": malformed entry '" + key + "' ignored (r_chunk " + std::to_string(rc) +
+                   " does not divide topk " + std::to_string(p.topk) + ")");
+      st.entries.erase(it);
       return std::nullopt;
     }
     return it->second;
@@ -488,8 +504,9 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
                                           "another file)");
     case Parsed::Corrupt:
     case Parsed::OlderSchema: {
-      std::lock_guard<std::mutex> g(mu_);
-      warn("tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
+      State& st = state();
+      std::lock_guard<std::mutex> g(st.mu);
+      warn(st, "tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
       break;
     }
     case Parsed::Absent:

@@ -16,6 +16,9 @@
 // new T inside a bucket reuses its tuned config (and its kernels: no T is compiled into a kernel)
 // and a kernel change invalidates old measurements.
 #pragma once
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -81,12 +84,15 @@ class TuningDb {
  public:
   /// `path` empty: default_tuning_db_path(). `runtime_version` empty: default_tuning_runtime_version().
   explicit TuningDb(std::string path = {}, std::string runtime_version = {});
+  ~TuningDb();
+  TuningDb(const TuningDb&) = delete;
+  TuningDb& operator=(const TuningDb&) = delete;
 
   /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
   /// unreadable or corrupt file, a malformed entry: each warned about once). When p.r_chunk is
   /// set, the caller's r_chunk is kept. A tuned r_chunk holds at any T of the bucket: where its
   /// interm would exceed the budget the planner splits the tokens.
-  /// Thread-safe; re-reads the file only when it changed.
+  /// Thread-safe, also in a child fork()ed while another thread looked up; re-reads the file only when it changed.
   std::optional<TileConfig> lookup(const std::string& target, const Problem& p) const;
   /// The stored entry with its timings.
   std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
@@ -103,15 +109,24 @@ class TuningDb {
   std::vector<std::string> warnings() const;
 
  private:
-  void refresh() const;  // under mu_
-  void warn(const std::string& msg) const;
+  // What the mutex guards belongs to one process: a fork()ed child starts its own state, since a thread of the
+  // parent may have held the mutex at the fork (the child would wait for it for ever). The inherited state is leaked,
+  // not destroyed (destroying a locked mutex is undefined); the child re-reads the file.
+  struct State {
+    explicit State(pid_t p) : pid(p) {}
+    const pid_t pid;
+    std::mutex mu;
+    std::string stamp;  // identity of the file last parsed (inode, size, mtime)
+    std::vector<std::pair<std::string, TuningEntry>> entries;
+    std::vector<std::string> warnings;
+  };
+  State& state() const;
+  void refresh(State& st) const;  // under st.mu
+  void warn(State& st, const std::string& msg) const;
 
   std::string path_, version_;
   double lock_timeout_s_;
-  mutable std::mutex mu_;
-  mutable std::string stamp_;  // identity of the file last parsed (inode, size, mtime)
-  mutable std::vector<std::pair<std::string, TuningEntry>> entries_;
-  mutable std::vector<std::string> warnings_;
+  mutable std::atomic<State*> state_;
 };
 
 }  // namespace smla

@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -323,6 +326,52 @@ TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
   EXPECT_EQ(read(path), before) << "nothing stored";
   TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));  // released: stores again
   EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
+}
+
+// A worker forked while another thread of its parent was inside a lookup inherited the database's mutex locked by a
+// thread it does not have, and hung in its own first lookup. Here the parent's thread is held inside the read by a
+// FIFO in place of the file; the test then opens and closes a writer until everyone has read to its end.
+TEST(TuningDb, ForkedChildLooksUpWhileAParentThreadIsInsideALookup) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  TuningDb db(path, "v1");
+  std::atomic<bool> parent_done{false};
+  std::thread t([&] {
+    db.lookup("sm_90a", problem(4096));  // blocks in open() until a writer comes
+    parent_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_FALSE(parent_done.load()) << "the lookup did not block on the FIFO: the test shows nothing";
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const bool found = db.lookup("sm_90a", problem(4096)).has_value();
+    ::_exit(found ? 1 : 0);
+  }
+  int st = 0, rc = -1;
+  bool exited = false;
+  for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       !exited && std::chrono::steady_clock::now() < end;) {
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // ENXIO while nobody reads
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (w >= 0) ::close(w);  // the readers see the end of the file
+    exited = ::waitpid(pid, &st, WNOHANG) == pid;
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  } else {
+    rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  while (!parent_done) {  // release the parent's thread too
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (w >= 0) ::close(w);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.join();
+  EXPECT_NE(rc, -1) << "the forked child hung in lookup() (the mutex a parent thread held at the fork)";
+  EXPECT_EQ(rc, 0);
 }
 
 class CorruptFile : public ::testing::TestWithParam<std::string> {};
