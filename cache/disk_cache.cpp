@@ -144,13 +144,27 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
   }
   readable_ = fs::is_directory(I.user.entries(), ec);
   if (writable_ && s_.lock) {
-    std::string ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
-    fs::create_directories(ld, ec);
-    if (fs::is_directory(ld, ec)) {
-      // One lock namespace per cache directory: two caches on one node do not serialize.
+    // Where the locks are depends on nothing but the cache directory (and SMLA_CACHE_LOCK_DIR),
+    // so that every process sharing the cache agrees. On a local filesystem they sit inside it
+    // (seen by every user and mount namespace that sees the cache, and removed with it); on a
+    // network filesystem flock may not work, or not across nodes, so they are node-local in /tmp,
+    // one namespace per canonical cache path (nodes then do not exclude each other: harmless,
+    // the publish is race-safe).
+    std::string ld;
+    const char* netfs = network_fs_of(s_.dir);
+    if (!s_.lock_dir.empty() || netfs) {
+      ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
       std::string canon = fs::weakly_canonical(s_.dir, ec).string();
       I.lock_prefix = ld + "/" + hash_hex(canon).substr(0, 8) + "-";
+      if (netfs && s_.lock_dir.empty())
+        log().debug("smla-cache: {} is on {}: compile locks in {} (node-local)", s_.dir, netfs, ld);
     } else {
+      ld = s_.dir + "/.locks";
+      I.lock_prefix = ld + "/";
+    }
+    fs::create_directories(ld, ec);
+    if (!fs::is_directory(ld, ec)) {
+      I.lock_prefix.clear();
       log().warn("smla-cache: cannot create lock directory {}; ranks may compile the same kernel "
                  "concurrently (harmless, slower)", ld);
     }

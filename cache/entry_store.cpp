@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,6 +260,37 @@ int clean_stale_staging(const Root& r, int64_t stale_s) {
     if (!rec) ++removed;
   }
   return removed;
+}
+
+const char* network_fs_type(long f_type) {
+  // Magic numbers from <linux/magic.h> and the filesystems' own sources.
+  switch (static_cast<uint32_t>(f_type)) {
+    case 0x6969: return "nfs";
+    case 0x517B: return "smb";
+    case 0xFE534D42: return "smb2";
+    case 0xFF534D42: return "cifs";
+    case 0x564C: return "ncp";
+    case 0x5346414F: return "afs";
+    case 0x6B414653: return "kafs";
+    case 0x73757245: return "coda";
+    case 0x01021997: return "9p";
+    case 0x00C36400: return "ceph";
+    case 0x0BD00BD0: return "lustre";
+    case 0x47504653: return "gpfs";
+    case 0x19830326: return "beegfs";
+    case 0xAAD7AAEA: return "panfs";
+    case 0x13661366: return "orangefs";
+    case 0x01161970: return "gfs2";
+    case 0x7461636F: return "ocfs2";
+    case 0x65735546: return "fuse";  // sshfs, gcsfuse, glusterfs, ...: cannot tell, assume remote
+    default: return nullptr;
+  }
+}
+
+const char* network_fs_of(const std::string& path) {
+  struct statfs sf {};
+  if (::statfs(path.c_str(), &sf) != 0) return nullptr;
+  return network_fs_type(long(sf.f_type));
 }
 
 Loaded load_entry(const std::string& dir, const std::string& digest) {
