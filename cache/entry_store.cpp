@@ -164,8 +164,7 @@ void touch(const std::string& path) {
 std::string make_staging(const Root& r, const char* kind, std::string* err) {
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
-  std::string p = r.staging() + "/" + kind + "." + host_name() + "." +
-                  std::to_string(getpid()) + "." + random_hex();
+  std::string p = r.staging() + "/" + kind + "." + owner_tag();
   if (::mkdir(p.c_str(), 0777) != 0) {  // the umask decides, as for files (write_file)
     *err = "cannot create " + p + ": " + errno_text(errno);
     return "";
@@ -210,8 +209,7 @@ std::string dangling_symlink(const std::string& path) {
 
 bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   std::string from = r.entry(name);
-  std::string to = r.staging() + "/trash." + host_name() + "." + std::to_string(getpid()) + "." +
-                   random_hex();
+  std::string to = r.staging() + "/trash." + owner_tag();
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
   if (::rename(from.c_str(), to.c_str()) == 0) {
@@ -228,33 +226,39 @@ bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   return false;
 }
 
+std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
+
+bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s) {
+  bool stale = age_ns > stale_s * 1000000000LL;
+  // <host>.<pid>.<rand>; the host may itself contain dots.
+  size_t d2 = tail.rfind('.');
+  size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : tail.rfind('.', d2 - 1);
+  if (d1 == std::string::npos || d1 == 0) return stale;  // no owner to ask: its age alone
+  std::string host = tail.substr(0, d1);
+  std::string pid_s = tail.substr(d1 + 1, d2 - d1 - 1);
+  char* end = nullptr;
+  long pid = std::strtol(pid_s.c_str(), &end, 10);
+  if (pid_s.empty() || *end || host != host_name() || pid <= 0) return stale;
+  if (pid == getpid()) return false;  // ours, maybe in flight on another thread
+  // A dead pid alone is no proof: a container in another PID namespace can share the hostname
+  // and be publishing right now. An age is, since a publish takes well under a second. (A lock
+  // held by the publisher would need flock, unreliable on the network filesystems shared caches
+  // live on.)
+  return stale || (age_ns > kDeadOwnerGraceS * 1000000000LL && ::kill(pid_t(pid), 0) != 0 &&
+                   errno == ESRCH);
+}
+
+int64_t age_ns(const std::string& path) { return realtime_ns() - mtime_ns(path); }
+
 int clean_stale_staging(const Root& r, int64_t stale_s) {
   std::error_code ec;
   int removed = 0;
-  int64_t now = realtime_ns();
   for (fs::directory_iterator it(r.staging(), ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     std::string path = it->path().string();
-    int64_t age_ns = now - mtime_ns(path);
-    bool stale = age_ns > stale_s * 1000000000LL;
-    // <kind>.<host>.<pid>.<rand>; the host may itself contain dots.
-    size_t d3 = name.rfind('.');
-    size_t d2 = d3 == std::string::npos || d3 == 0 ? std::string::npos : name.rfind('.', d3 - 1);
-    size_t d1 = name.find('.');
-    if (d2 != std::string::npos && d1 < d2) {
-      std::string host = name.substr(d1 + 1, d2 - d1 - 1);
-      long pid = std::strtol(name.substr(d2 + 1, d3 - d2 - 1).c_str(), nullptr, 10);
-      if (host == host_name() && pid > 0) {
-        if (pid == getpid()) continue;  // ours, maybe in flight on another thread
-        // A dead pid alone is no proof: a container in another PID namespace can share the
-        // hostname and be publishing right now. An age is, since a publish takes well under a
-        // second. (A lock held by the publisher would need flock, unreliable on the network
-        // filesystems shared caches live on.)
-        stale = stale || (age_ns > kDeadOwnerGraceS * 1000000000LL &&
-                          ::kill(pid_t(pid), 0) != 0 && errno == ESRCH);
-      }
-    }
-    if (!stale) continue;
+    // <kind>.<host>.<pid>.<rand>
+    size_t d = name.find('.');
+    if (!owner_gone(d == std::string::npos ? "" : name.substr(d + 1), age_ns(path), stale_s)) continue;
     std::error_code rec;
     fs::remove_all(path, rec);
     if (!rec) ++removed;

@@ -1,6 +1,7 @@
 // tuning_db.cpp: the tuning database file: parse, look up, merge-and-publish under a lock.
 #include "tuning_db.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -11,13 +12,13 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "../cache/entry_store.hpp"
 #include "../cache/lock_file.hpp"
 #include "check.hpp"
 #include "env.hpp"
@@ -34,6 +35,9 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kFormat = "smla-tuning-db";
 constexpr const char* kSmlaVersion = "0.1.0";
+// A temp file of another host (or of an older smla, whose names hold no host) is removed once this old, as the kernel
+// cache's staging is by default (SMLA_CACHE_STALE_S): a store takes milliseconds.
+constexpr int64_t kStaleTempS = 3600;
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -299,6 +303,25 @@ class DbLock {
   cache::detail::LockFile lock_;
 };
 
+// Temp files "<db>.tmp.<owner>" beside `real` whose owner is gone (cache::detail::owner_gone), and those of an
+// older smla ("<db>.tmp.<pid>.<rand>", no host) once older than kStaleTempS. Best effort.
+void remove_stale_temps(const std::string& real) {
+  const std::string dir = parent_dir(real), prefix = base_name(real) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> gone;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string path = dir + "/" + name;
+    if (cache::detail::owner_gone(name.substr(prefix.size()), cache::detail::age_ns(path), kStaleTempS))
+      gone.push_back(path);
+  }
+  ::closedir(d);
+  for (const auto& path : gone)
+    if (::unlink(path.c_str()) == 0) log().info("tuning db: removed {}, left by a store that did not finish", path);
+}
+
 double lock_timeout_from_env() {
   double t = kTuningDbLockTimeoutS;
   if (const char* v = env("SMLA_TUNING_DB_LOCK_TIMEOUT_S")) {
@@ -519,8 +542,12 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
   doc["entries"] = std::move(entries);
   const std::string text = doc.dump(1) + "\n";
 
-  std::random_device rd;
-  const std::string tmp = real + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
+  // Temp files of stores killed part way (each a full copy of the database) were left for ever. Every store writes
+  // its temp file under this lock, so one present now belongs to a store that did not finish; it is removed once the
+  // kernel cache's rule for its staging says the writer is gone (same host and a dead pid, or old).
+  remove_stale_temps(real);
+  // "<db>.tmp.<host>.<pid>.<rand>", which that rule reads back.
+  const std::string tmp = real + ".tmp." + cache::detail::owner_tag();
   // 0666: the umask decides, so under umask 002 the published file stays writable by the group.
   const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
   if (fd < 0)

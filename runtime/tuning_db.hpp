@@ -5,8 +5,10 @@
 // ~/.cache/smla/tuning.json). Writers resolve symlinks in the path, take an flock on "<file>.lock"
 // beside the real file (waiting at most SMLA_TUNING_DB_LOCK_TIMEOUT_S, default 60 s; a fork()ed
 // child does not keep it), re-read it, merge their entry and publish by rename, so several tuning
-// processes (through any link) merge instead of clobbering. Files and directories are created
-// 0666/0777 for the umask to decide (umask 002 and a setgid directory: a group's shared database).
+// processes (through any link) merge instead of clobbering; temp files of stores killed part way
+// are removed by a later store once their writer is gone (cache::detail::owner_gone). Files and
+// directories are created 0666/0777 for the umask to decide (umask 002 and a setgid directory: a
+// group's shared database).
 // Readers never lock (a rename is atomic). A corrupt file or one of an older schema is ignored
 // with a warning and replaced by the next store; one of a newer schema is ignored and never
 // overwritten (a store throws).

@@ -374,6 +374,52 @@ TEST(TuningDb, ForkedChildLooksUpWhileAParentThreadIsInsideALookup) {
   EXPECT_EQ(rc, 0);
 }
 
+// A store killed between creating its temp file and the rename left "<db>.tmp.*" (a full copy) beside the database
+// for ever. The next store removes those whose writer is gone, by the kernel cache's rule for its staging: this
+// host and a dead pid once older than 10 minutes (the pid may be a live process of another PID namespace), any
+// writer once older than an hour; never a live writer's, never another file's.
+TEST(TuningDb, StoreRemovesTempFilesOfDeadWriters) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  std::fflush(nullptr);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string me = std::string(host) + ".", tmp = path + ".tmp.";
+  const std::string dead_old = tmp + me + std::to_string(dead) + ".1",
+                    dead_new = tmp + me + std::to_string(dead) + ".2",
+                    alive_old = tmp + me + std::to_string(::getppid()) + ".3",
+                    other_host_old = tmp + "otherhost.12.4", other_host_new = tmp + "otherhost.12.5",
+                    older_smla_old = tmp + std::to_string(dead) + ".6", older_smla_new = tmp + std::to_string(dead) + ".7",
+                    not_ours = d.path + "/other.json.tmp." + me + std::to_string(dead) + ".8";
+  const time_t now = ::time(nullptr);
+  for (const auto& [f, age] : std::vector<std::pair<std::string, time_t>>{{dead_old, 20 * 60},
+                                                                          {dead_new, 0},
+                                                                          {alive_old, 20 * 60},
+                                                                          {other_host_old, 2 * 3600},
+                                                                          {other_host_new, 20 * 60},
+                                                                          {older_smla_old, 2 * 3600},
+                                                                          {older_smla_new, 20 * 60},
+                                                                          {not_ours, 2 * 3600}}) {
+    std::ofstream(f) << read(path);
+    const timespec t[2] = {{now - age, 0}, {now - age, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0);
+  }
+  TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));
+  EXPECT_FALSE(fs::exists(dead_old)) << "this host, dead writer, old";
+  EXPECT_TRUE(fs::exists(dead_new)) << "a dead pid with a fresh file may be a writer of another PID namespace";
+  EXPECT_TRUE(fs::exists(alive_old)) << "its writer lives (and it is younger than an hour)";
+  EXPECT_FALSE(fs::exists(other_host_old)) << "older than an hour";
+  EXPECT_TRUE(fs::exists(other_host_new));
+  EXPECT_FALSE(fs::exists(older_smla_old)) << "an older smla's name (no host), older than an hour";
+  EXPECT_TRUE(fs::exists(older_smla_new));
+  EXPECT_TRUE(fs::exists(not_ours)) << "another database's temp file";
+  EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
+}
+
 class CorruptFile : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
