@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -92,11 +93,54 @@ struct DiskCache::Impl {
       return;
     }
     Evicted ev = evict(user, max_bytes - max_bytes / 10, keep);
-    for (const auto& gone : ev.removed)
+    std::vector<std::string> digests;
+    for (const auto& gone : ev.removed) {
       log().info("smla-cache: evicted {} (SMLA_CACHE_MAX_BYTES={})", gone, max_bytes);
+      std::string d;
+      if (valid_entry_name(gone, &d)) digests.push_back(d);
+    }
+    remove_locks(digests);
     for (const auto& why : ev.failed) removal_failed(why);
     P.approx_bytes = ev.total;
     P.publishes_since_scan = 0;
+  }
+
+  // Lock files of keys without an entry are removed when nobody holds them (LockFile::
+  // remove_unused: safe against lockers that opened them before), else one would stay per key
+  // ever compiled. Returns how many were removed.
+  int remove_locks(const std::vector<std::string>& digests) {
+    if (lock_prefix.empty()) return 0;
+    int removed = 0;
+    for (const auto& d : digests) {
+      const std::string path = lock_prefix + d + ".lock";
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) == 0 && LockFile::remove_unused(path)) ++removed;
+    }
+    return removed;
+  }
+  // Every lock file of this cache whose key has no entry.
+  int remove_unused_locks() {
+    if (lock_prefix.empty()) return 0;
+    std::set<std::string> present;
+    for (const auto& e : scan_entries(user)) {
+      std::string d;
+      if (valid_entry_name(e.name, &d)) present.insert(d);
+    }
+    const size_t slash = lock_prefix.rfind('/');
+    const std::string dir = lock_prefix.substr(0, slash), head = lock_prefix.substr(slash + 1);
+    std::vector<std::string> unused;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      // <head><32 hex>.lock; others (another cache's, in a shared lock dir) are left alone.
+      const std::string name = it->path().filename().string();
+      if (name.size() != head.size() + 32 + 5 || name.compare(0, head.size(), head) != 0 ||
+          name.compare(name.size() - 5, 5, ".lock") != 0)
+        continue;
+      std::string d = name.substr(head.size(), 32);
+      if (d.find_first_not_of("0123456789abcdef") == std::string::npos && !present.count(d))
+        unused.push_back(d);
+    }
+    return remove_locks(unused);
   }
 
   void forget_size() {
@@ -371,6 +415,7 @@ BulkResult DiskCache::prune(int64_t max_bytes) {
   Evicted ev = evict(impl_->user, max_bytes, "");
   r.done = int64_t(ev.removed.size());
   r.rejected = ev.failed;
+  impl_->remove_unused_locks();
   impl_->forget_size();
   return r;
 }
@@ -387,6 +432,7 @@ BulkResult DiskCache::clear() {
     else r.rejected.push_back(err);
   }
   clean_stale_staging(impl_->user, s_.stale_staging_s);
+  impl_->remove_unused_locks();
   impl_->forget_size();
   return r;
 }

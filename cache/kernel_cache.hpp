@@ -136,7 +136,8 @@ class DiskCache {
   std::vector<EntryInfo> list() const;
   std::vector<EntryInfo> verify() const;  ///< checks every entry; leaves them in place
   BulkResult prune(int64_t max_bytes);    ///< LRU-evict down to max_bytes; also stale staging
-  BulkResult clear();
+                                          ///< and lock files of absent keys nobody holds
+  BulkResult clear();                     ///< every entry; also lock files nobody holds
   BulkResult export_bundle(const std::string& file) const;  ///< verified entries only
   BulkResult import_bundle(const std::string& file);        ///< each entry verified before use
 

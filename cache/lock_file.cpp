@@ -44,10 +44,10 @@ void init_registry() {
   pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-int open_registered(const std::string& path, int* err) {
+int open_registered(const std::string& path, bool create, int* err) {
   pthread_once(&g_once, init_registry);
   pthread_mutex_lock(&g_mu);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0666);
   // Another user's file in a shared directory, created without group write: flock needs only
   // an open descriptor.
   if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -73,6 +73,14 @@ void close_registered(int fd) {
   pthread_mutex_unlock(&g_mu);
 }
 
+// After locking: whether `path` still names the file `fd` locked. A remover (remove_unused) may
+// have unlinked it between our open and our lock; a lock on that orphan excludes nobody.
+bool still_at_path(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  if (::fstat(fd, &a) != 0 || ::stat(path.c_str(), &b) != 0) return false;
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 }  // namespace
 
 LockFile::Result LockFile::acquire(const std::string& path, double timeout_s,
@@ -83,15 +91,22 @@ LockFile::Result LockFile::acquire(const std::string& path, double timeout_s,
     release();
     return Unavailable;
   };
-  int e = 0;
-  fd_ = open_registered(path, &e);
-  if (fd_ < 0) return fail("cannot open lock file", e);
-  owner_ = ::getpid();
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
   int sleep_ms = 2;
   for (;;) {
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return Acquired;
+    if (fd_ < 0) {
+      int e = 0;
+      fd_ = open_registered(path, true, &e);
+      if (fd_ < 0) return fail("cannot open lock file", e);
+      owner_ = ::getpid();
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+      if (still_at_path(fd_, path)) return Acquired;
+      release();  // removed while we waited: lock whatever file the path names now
+      if (std::chrono::steady_clock::now() >= deadline) return TimedOut;
+      continue;
+    }
     if (errno != EWOULDBLOCK && errno != EINTR) return fail("cannot lock", errno);
     if (stop && stop()) {
       release();
@@ -114,6 +129,20 @@ void LockFile::release() {
     close_registered(fd_);
   }
   fd_ = -1;
+}
+
+bool LockFile::remove_unused(const std::string& path) {
+  int e = 0;
+  int fd = open_registered(path, false, &e);
+  if (fd < 0) return e == ENOENT;
+  // Unlinked only while we hold it and it is still the file at `path`: a locker that opened it
+  // before the unlink finds, once it gets the lock, that the path names another file or none,
+  // and starts over (acquire); one that holds it now makes our LOCK_NB fail.
+  bool removed = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at_path(fd, path) &&
+                 ::unlink(path.c_str()) == 0;
+  ::flock(fd, LOCK_UN);
+  close_registered(fd);
+  return removed;
 }
 
 std::string LockFile::holders(const std::string& path) {

@@ -11,6 +11,9 @@
 //     some child got the descriptor by a path the atfork handler does not see (clone, vfork);
 //   - a LockFile used in a child of the process that opened it does nothing to the descriptor
 //     number (the child handler closed it; the number may be reused by now).
+// Lock files may be removed (remove_unused, by prune/clear/eviction of the kernel cache): a
+// remover unlinks only a file it holds locked, and a locker checks after locking that the path
+// still names the file it locked (fstat against stat), starting over otherwise.
 #pragma once
 #include <sys/types.h>
 
@@ -36,6 +39,11 @@ class LockFile {
   /// Unlocks and closes (only in the process that acquired it). Idempotent.
   void release();
   bool held() const { return fd_ >= 0; }
+
+  /// Unlinks the lock file at `path` if nobody holds it (see above: safe against lockers that
+  /// opened it before). True when it is gone (or was already); false when it is in use or could
+  /// not be removed.
+  static bool remove_unused(const std::string& path);
 
   /// "pid N" (or "pids N, M") holding an flock on the file at `path`, from /proc/locks; "" when
   /// unknown. For messages only.

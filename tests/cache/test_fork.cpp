@@ -1,5 +1,6 @@
-// The cross-process compile lock when the process fork()s (DataLoader workers) or is killed, and
-// waiters that find the entry published while the lock is still held by someone.
+// The cross-process compile lock when the process fork()s (DataLoader workers) or is killed,
+// waiters that find the entry published while the lock is still held by someone, and lock files
+// removed by prune/clear/eviction without breaking the exclusion.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/file.h>
@@ -223,5 +224,164 @@ static void killed_holder_with_worker(bool exec_worker) {
 
 TEST(ForkAndLock, ForkedWorkerOfAKilledHolderDoesNotHoldItsLock) { killed_holder_with_worker(false); }
 TEST(ForkAndLock, SpawnedWorkerOfAKilledHolderDoesNotHoldItsLock) { killed_holder_with_worker(true); }
+
+static std::string lock_name(const std::string& kernel, const std::string& head = "") {
+  return head + make_key(fields(kernel)).digest + ".lock";
+}
+
+static std::vector<std::string> names(const std::vector<std::string>& paths) {
+  std::vector<std::string> v;
+  for (const auto& p : paths) v.push_back(fs::path(p).filename().string());
+  return v;
+}
+
+// One lock file per key ever compiled used to stay for ever. prune and clear remove those of keys
+// without an entry, except one held right now (a compile in flight).
+TEST(LockFiles, PruneAndClearRemoveLocksOfAbsentKeys) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.lock_dir = "";  // the default: <cache>/.locks
+  DiskCache c(s);
+  for (int i = 0; i < 4; ++i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    c.get_or_compile(f, [&] { return CompileOutput{payload(f), ""}; });
+  }
+  const std::string locks = t / "cache/.locks";
+  ASSERT_EQ(lock_files(locks).size(), 4u);
+  const int64_t one = c.list().at(0).bytes;
+  BulkResult pr = c.prune(2 * one + one / 2);
+  EXPECT_EQ(pr.done, 2);
+  std::vector<std::string> want;
+  for (const auto& e : c.list()) want.push_back(e.name.substr(e.name.rfind('-') + 1) + ".lock");
+  std::sort(want.begin(), want.end());
+  ASSERT_EQ(want.size(), 2u);
+  EXPECT_EQ(names(lock_files(locks)), want) << "prune keeps exactly the locks of the entries left";
+
+  // A compile in flight in another "process" (own DiskCache) holds its key's lock: clear keeps it.
+  DiskCache other(s);
+  KeyFields g9 = fields("k9");
+  Gate g;
+  std::thread a([&] { other.get_or_compile(g9, [&] { g.wait(); return CompileOutput{payload(g9), ""}; }); });
+  ASSERT_TRUE(wait_until([&] { return g.entered.load(); }, 10));
+  BulkResult cr = c.clear();
+  EXPECT_EQ(cr.done, 2);
+  EXPECT_EQ(names(lock_files(locks)), std::vector<std::string>{lock_name("k9")});
+  EXPECT_FALSE(lock_free(locks + "/" + lock_name("k9"))) << "still held by its compile";
+  g.release();
+  a.join();
+  EXPECT_EQ(c.clear().done, 1);
+  EXPECT_TRUE(lock_files(locks).empty());
+}
+
+// Eviction past SMLA_CACHE_MAX_BYTES removes the evicted keys' locks too; in a lock directory
+// shared by several caches (SMLA_CACHE_LOCK_DIR), another cache's lock files are left alone.
+TEST(LockFiles, EvictionRemovesTheLocksOfEvictedKeys) {
+  TempDir t;
+  Settings probe = settings_for(t, "probe");
+  probe.lock = false;
+  KeyFields f0 = fields("k0");
+  DiskCache(probe).get_or_compile(f0, [&] { return CompileOutput{payload(f0), ""}; });
+  const int64_t one = DiskCache(probe).list().at(0).bytes;
+
+  Settings s = settings_for(t);  // lock dir t/locks, shared
+  s.max_bytes = 4 * one + one / 2;
+  fs::create_directories(t / "locks");
+  const std::string foreign = t / ("locks/0badcafe-" + make_key(fields("k1")).digest + ".lock");
+  std::ofstream(foreign) << "";
+  DiskCache c(s);
+  for (int i = 0; i < 12; ++i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    c.get_or_compile(f, [&] { return CompileOutput{payload(f), ""}; });
+  }
+  std::vector<std::string> want, got;
+  for (const auto& e : c.list()) want.push_back(e.name.substr(e.name.rfind('-') + 1) + ".lock");
+  ASSERT_LT(want.size(), 12u) << "nothing was evicted";
+  for (const auto& n : names(lock_files(t / "locks")))
+    if (n != fs::path(foreign).filename().string()) got.push_back(n.substr(n.find('-') + 1));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want) << "the lock files are exactly those of the entries left";
+  c.clear();
+  EXPECT_EQ(names(lock_files(t / "locks")), std::vector<std::string>{fs::path(foreign).filename().string()});
+}
+
+// Removing a lock file breaks mutual exclusion unless a locker checks, once it holds the lock,
+// that the path still names the file it locked. Here a waiter has the file open while a remover
+// holds it and unlinks it; a new locker creates the file anew and compiles; then the remover lets
+// go. The waiter must not take its lock on the orphan for permission to compile.
+TEST(LockFiles, ALockerWhoseFileWasRemovedLocksTheNewOne) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.lock_dir = "";
+  s.lock_timeout_s = 60;
+  KeyFields f = fields("k0");
+  DiskCache waiter(s), holder(s);
+  const std::string lock = t / ("cache/.locks/" + lock_name("k0"));
+  const int rfd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);  // the remover
+  ASSERT_GE(rfd, 0);
+  ASSERT_EQ(::flock(rfd, LOCK_EX), 0);
+
+  FakeCompiler wc;
+  std::atomic<bool> done{false};
+  Fetched got;
+  std::thread w([&] {
+    got = waiter.get_or_compile(f, wc.fn(f));
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the waiter polls the old file
+  ASSERT_FALSE(done.load());
+  ASSERT_EQ(::unlink(lock.c_str()), 0);
+  Gate g;
+  std::thread x([&] { holder.get_or_compile(f, [&] { g.wait(); return CompileOutput{payload(f), "x"}; }); });
+  ASSERT_TRUE(wait_until([&] { return g.entered.load(); }, 10)) << "the new locker did not get the new file";
+  ::close(rfd);  // the remover lets go of the orphan
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(wc.calls, 0) << "the waiter compiled under a lock on a removed file, beside the holder";
+  g.release();
+  x.join();
+  w.join();
+  EXPECT_EQ(got.origin, Origin::Disk);
+  EXPECT_EQ(got.binary, payload(f));
+}
+
+// Stress: several caches (one per "process": only the flock excludes them) fetch the same keys
+// over and over while another clears the cache and its unused lock files in a loop. Two compiles
+// of one key at the same time would mean the removal broke the exclusion.
+TEST(LockFiles, ClearingInALoopNeverLetsTwoCompilesOfAKeyOverlap) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.lock_dir = "";
+  s.lock_timeout_s = 60;
+  constexpr int kKeys = 3, kWorkers = 4, kRounds = 40;
+  std::atomic<int> in_compile[kKeys] = {}, overlaps{0}, compiles{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<DiskCache>> caches;
+  for (int i = 0; i <= kWorkers; ++i) caches.push_back(std::make_unique<DiskCache>(s));
+  std::thread clearer([&] {
+    while (!stop) {
+      caches[kWorkers]->clear();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w)
+    workers.emplace_back([&, w] {
+      for (int r = 0; r < kRounds; ++r)
+        for (int k = 0; k < kKeys; ++k) {
+          KeyFields f = fields("k" + std::to_string(k));
+          caches[w]->get_or_compile(f, [&] {
+            if (++in_compile[k] > 1) ++overlaps;
+            ++compiles;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            --in_compile[k];
+            return CompileOutput{payload(f), ""};
+          });
+        }
+    });
+  for (auto& x : workers) x.join();
+  stop = true;
+  clearer.join();
+  EXPECT_EQ(overlaps, 0) << "of " << compiles << " compiles";
+  EXPECT_GT(compiles, kKeys) << "the clearing never made anyone recompile: the test showed nothing";
+}
 
 }  // namespace smla::cache::test
