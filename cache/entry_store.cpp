@@ -263,6 +263,17 @@ int clean_stale_staging(const Root& r, int64_t stale_s) {
     fs::remove_all(path, rec);
     if (!rec) ++removed;
   }
+  // The writability probe renames its staging dir to entries/.probe.<owner> and removes it: a
+  // kill in between left it there (empty, skipped by every scan) for ever.
+  const std::string probe = ".probe.";
+  std::error_code pec;
+  for (fs::directory_iterator it(r.entries(), pec), end; !pec && it != end; it.increment(pec)) {
+    std::string name = it->path().filename().string();
+    std::string path = it->path().string();
+    if (name.compare(0, probe.size(), probe) != 0) continue;
+    if (owner_gone(name.substr(probe.size()), age_ns(path), stale_s) && ::rmdir(path.c_str()) == 0)
+      ++removed;
+  }
   return removed;
 }
 

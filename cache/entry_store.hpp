@@ -80,7 +80,8 @@ constexpr int64_t kDeadOwnerGraceS = 600;
 bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s);
 /// Nanoseconds since `path` was last modified (since 1970 when it cannot be stat'ed).
 int64_t age_ns(const std::string& path);
-/// Removes staging dirs whose owner_gone().
+/// Removes staging dirs, and probe dirs left in entries/ (probe_publish killed before its rmdir),
+/// whose owner_gone().
 int clean_stale_staging(const Root& r, int64_t stale_s);
 
 /// The name of a network or cluster filesystem type (statfs f_type: "nfs", "lustre", "fuse", ...),
