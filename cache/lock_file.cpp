@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,15 +21,22 @@
 namespace smla::cache::detail {
 namespace {
 
-// The registry: descriptors of lock files this process has open. Opening and closing happen
-// under its mutex, so a fork() (whose prepare handler takes the mutex) never sees a descriptor
-// that is open but not yet registered, or unregistered but not yet closed.
+// The registry: descriptors of lock files this process has open, which a fork()ed child closes.
+// Its mutex is taken by the fork's prepare handler, so a fork never runs while the list changes.
+// open() and close() run outside it (on a slow filesystem they may block, and fork() with them);
+// a fork while a descriptor is opened but not yet registered is seen by the generation count,
+// and that descriptor is closed and opened anew (the child's copy of it was never locked). One
+// unregistered already is unlocked: LOCK_UN comes first.
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 std::vector<int>* g_fds = nullptr;  // never freed: threads may still lock at exit
+std::atomic<uint64_t> g_forks{0};   // forks this process made; changed under g_mu
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 void before_fork() { pthread_mutex_lock(&g_mu); }
-void after_fork_parent() { pthread_mutex_unlock(&g_mu); }
+void after_fork_parent() {
+  ++g_forks;
+  pthread_mutex_unlock(&g_mu);
+}
 void after_fork_child() {
   // Only the thread that forked lives on here, and it holds g_mu (taken in before_fork). The
   // locks are the parent's: drop the child's references to them without LOCK_UN, which would
@@ -46,31 +54,38 @@ void init_registry() {
 
 int open_registered(const std::string& path, bool create, int* err) {
   pthread_once(&g_once, init_registry);
-  pthread_mutex_lock(&g_mu);
-  int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0666);
-  // Another user's file in a shared directory, created without group write: flock needs only
-  // an open descriptor.
-  if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  *err = errno;
-  if (fd >= 0) {
-    try {
-      g_fds->push_back(fd);
-    } catch (...) {  // out of memory: better no lock than an unregistered one
-      ::close(fd);
-      fd = -1;
-      *err = ENOMEM;
+  for (;;) {
+    const uint64_t gen = g_forks.load();
+    int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0666);
+    // Another user's file in a shared directory, created without group write: flock needs only
+    // an open descriptor.
+    if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    *err = errno;
+    if (fd < 0) return fd;
+    pthread_mutex_lock(&g_mu);
+    const bool forked = g_forks.load() != gen;
+    if (!forked) {
+      try {
+        g_fds->push_back(fd);
+      } catch (...) {  // out of memory: better no lock than an unregistered one
+        pthread_mutex_unlock(&g_mu);
+        ::close(fd);
+        *err = ENOMEM;
+        return -1;
+      }
     }
+    pthread_mutex_unlock(&g_mu);
+    if (!forked) return fd;
+    ::close(fd);  // a child has it, unregistered: use another
   }
-  pthread_mutex_unlock(&g_mu);
-  return fd;
 }
 
 void close_registered(int fd) {
   pthread_mutex_lock(&g_mu);
   auto it = std::find(g_fds->begin(), g_fds->end(), fd);
   if (it != g_fds->end()) g_fds->erase(it);
-  ::close(fd);
   pthread_mutex_unlock(&g_mu);
+  ::close(fd);
 }
 
 // After locking: whether `path` still names the file `fd` locked. A remover (remove_unused) may
