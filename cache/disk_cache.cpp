@@ -1,7 +1,5 @@
 // disk_cache.cpp: DiskCache: lookup order, in-process and cross-process deduplication, degraded
 // modes, LRU bound. The files themselves are handled in entry_store.cpp.
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,62 +10,24 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "entry_store.hpp"
 #include "kernel_cache.hpp"
+#include "lock_file.hpp"
 
 namespace fs = std::filesystem;
 
 namespace smla::cache {
 using namespace detail;
 
-namespace {
-
-// An flock on a node-local file. The kernel drops it when the holder dies, so a rank killed
-// mid-compile never blocks the others; a waiter still gives up after the timeout.
-class FileLock {
- public:
-  FileLock() = default;
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  enum Result { Acquired, TimedOut, Unavailable };
-  Result acquire(const std::string& path, double timeout_s) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd_ < 0) return Unavailable;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    int sleep_ms = 2;
-    for (;;) {
-      if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return Acquired;
-      if (errno != EWOULDBLOCK && errno != EINTR) break;
-      if (std::chrono::steady_clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-      sleep_ms = std::min(sleep_ms * 2, 50);
-    }
-    bool timed_out = errno == EWOULDBLOCK || errno == EINTR;
-    ::close(fd_);
-    fd_ = -1;
-    return timed_out ? TimedOut : Unavailable;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-}  // namespace
-
 struct DiskCache::Impl {
   Root user, system;
   bool system_on = false;
   std::string lock_prefix;  // empty: no cross-process lock
-  std::mutex mu;            // guards the two maps
-  std::map<std::string, std::shared_ptr<std::mutex>> key_mutex;
-  std::map<std::string, std::vector<uint8_t>> memory;  // binaries that could not be published
   std::atomic<int64_t> compiles{0}, disk_hits{0}, system_hits{0}, memory_hits{0},
       corrupt_replaced{0}, corrupt_kept{0}, publish_failures{0};
   std::atomic<bool> warned_publish{false}, warned_remove{false};
@@ -75,13 +35,39 @@ struct DiskCache::Impl {
   // last scan plus what this process published since. Other processes' publishes are missed
   // until the next scan, so one is forced every kRescanEvery publishes.
   static constexpr int kRescanEvery = 64;
-  std::mutex evict_mu;  // guards the two below
-  int64_t approx_bytes = -1;  // < 0: unknown, scan at the next publish
-  int publishes_since_scan = 0;
+
+  // What the mutexes guard belongs to one process. A fork()ed child has only the thread that
+  // forked: a mutex another thread held at the fork stays locked in the child forever (a child
+  // asking for the key its parent was compiling hung). So a child starts a fresh state; the
+  // inherited one is leaked, since destroying a locked mutex is undefined (its memory is the
+  // parent's, copy-on-write). Kernels the parent kept in memory are recompiled there if needed.
+  struct ProcState {
+    explicit ProcState(pid_t p) : pid(p) {}
+    const pid_t pid;
+    std::mutex mu;  // guards the two maps
+    std::map<std::string, std::shared_ptr<std::mutex>> key_mutex;
+    std::map<std::string, std::vector<uint8_t>> memory;  // binaries that could not be published
+    std::mutex evict_mu;        // guards the two below
+    int64_t approx_bytes = -1;  // < 0: unknown, scan at the next publish
+    int publishes_since_scan = 0;
+  };
+  std::atomic<ProcState*> state{new ProcState(::getpid())};
+  ~Impl() { delete state.load(); }
+
+  ProcState& proc() {
+    ProcState* s = state.load(std::memory_order_acquire);
+    const pid_t me = ::getpid();
+    if (s->pid == me) return *s;
+    auto* fresh = new ProcState(me);
+    if (state.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+    delete fresh;  // another thread of this child was first: `s` is its state now
+    return *s;
+  }
 
   std::shared_ptr<std::mutex> mutex_for(const std::string& digest) {
-    std::lock_guard<std::mutex> g(mu);
-    auto& m = key_mutex[digest];
+    ProcState& P = proc();
+    std::lock_guard<std::mutex> g(P.mu);
+    auto& m = P.key_mutex[digest];
     if (!m) m = std::make_shared<std::mutex>();
     return m;
   }
@@ -99,18 +85,68 @@ struct DiskCache::Impl {
   // After publishing `added` bytes as `keep`: evict if the total may exceed max_bytes, down to
   // 90% of it, so that a full cache is not rescanned on every publish.
   void bound_size(int64_t max_bytes, const std::string& keep, int64_t added) {
-    std::lock_guard<std::mutex> g(evict_mu);
-    if (approx_bytes >= 0 && ++publishes_since_scan < kRescanEvery &&
-        approx_bytes + added <= max_bytes) {
-      approx_bytes += added;
+    ProcState& P = proc();
+    std::lock_guard<std::mutex> g(P.evict_mu);
+    if (P.approx_bytes >= 0 && ++P.publishes_since_scan < kRescanEvery &&
+        P.approx_bytes + added <= max_bytes) {
+      P.approx_bytes += added;
       return;
     }
     Evicted ev = evict(user, max_bytes - max_bytes / 10, keep);
-    for (const auto& gone : ev.removed)
+    std::vector<std::string> digests;
+    for (const auto& gone : ev.removed) {
       log().info("smla-cache: evicted {} (SMLA_CACHE_MAX_BYTES={})", gone, max_bytes);
+      std::string d;
+      if (valid_entry_name(gone, &d)) digests.push_back(d);
+    }
+    remove_locks(digests);
     for (const auto& why : ev.failed) removal_failed(why);
-    approx_bytes = ev.total;
-    publishes_since_scan = 0;
+    P.approx_bytes = ev.total;
+    P.publishes_since_scan = 0;
+  }
+
+  // Lock files of keys without an entry are removed when nobody holds them (LockFile::
+  // remove_unused: safe against lockers that opened them before), else one would stay per key
+  // ever compiled. Returns how many were removed.
+  int remove_locks(const std::vector<std::string>& digests) {
+    if (lock_prefix.empty()) return 0;
+    int removed = 0;
+    for (const auto& d : digests) {
+      const std::string path = lock_prefix + d + ".lock";
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) == 0 && LockFile::remove_unused(path)) ++removed;
+    }
+    return removed;
+  }
+  // Every lock file of this cache whose key has no entry.
+  int remove_unused_locks() {
+    if (lock_prefix.empty()) return 0;
+    std::set<std::string> present;
+    for (const auto& e : scan_entries(user)) {
+      std::string d;
+      if (valid_entry_name(e.name, &d)) present.insert(d);
+    }
+    const size_t slash = lock_prefix.rfind('/');
+    const std::string dir = lock_prefix.substr(0, slash), head = lock_prefix.substr(slash + 1);
+    std::vector<std::string> unused;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      // <head><32 hex>.lock; others (another cache's, in a shared lock dir) are left alone.
+      const std::string name = it->path().filename().string();
+      if (name.size() != head.size() + 32 + 5 || name.compare(0, head.size(), head) != 0 ||
+          name.compare(name.size() - 5, 5, ".lock") != 0)
+        continue;
+      std::string d = name.substr(head.size(), 32);
+      if (d.find_first_not_of("0123456789abcdef") == std::string::npos && !present.count(d))
+        unused.push_back(d);
+    }
+    return remove_locks(unused);
+  }
+
+  void forget_size() {
+    ProcState& P = proc();
+    std::lock_guard<std::mutex> g(P.evict_mu);
+    P.approx_bytes = -1;
   }
 };
 
@@ -152,13 +188,27 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
   }
   readable_ = fs::is_directory(I.user.entries(), ec);
   if (writable_ && s_.lock) {
-    std::string ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
-    fs::create_directories(ld, ec);
-    if (fs::is_directory(ld, ec)) {
-      // One lock namespace per cache directory: two caches on one node do not serialize.
+    // Where the locks are depends on nothing but the cache directory (and SMLA_CACHE_LOCK_DIR),
+    // so that every process sharing the cache agrees. On a local filesystem they sit inside it
+    // (seen by every user and mount namespace that sees the cache, and removed with it); on a
+    // network filesystem flock may not work, or not across nodes, so they are node-local in /tmp,
+    // one namespace per canonical cache path (nodes then do not exclude each other: harmless,
+    // the publish is race-safe).
+    std::string ld;
+    const char* netfs = network_fs_of(s_.dir);
+    if (!s_.lock_dir.empty() || netfs) {
+      ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
       std::string canon = fs::weakly_canonical(s_.dir, ec).string();
       I.lock_prefix = ld + "/" + hash_hex(canon).substr(0, 8) + "-";
+      if (netfs && s_.lock_dir.empty())
+        log().debug("smla-cache: {} is on {}: compile locks in {} (node-local)", s_.dir, netfs, ld);
     } else {
+      ld = s_.dir + "/.locks";
+      I.lock_prefix = ld + "/";
+    }
+    fs::create_directories(ld, ec);
+    if (!fs::is_directory(ld, ec)) {
+      I.lock_prefix.clear();
       log().warn("smla-cache: cannot create lock directory {}; ranks may compile the same kernel "
                  "concurrently (harmless, slower)", ld);
     }
@@ -189,9 +239,10 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   auto km = I.mutex_for(k.digest);
   std::lock_guard<std::mutex> key_guard(*km);
   {
-    std::lock_guard<std::mutex> g(I.mu);
-    auto it = I.memory.find(k.digest);
-    if (it != I.memory.end()) {
+    auto& P = I.proc();
+    std::lock_guard<std::mutex> g(P.mu);
+    auto it = P.memory.find(k.digest);
+    if (it != P.memory.end()) {
       ++I.memory_hits;
       return {it->second, Origin::Memory};
     }
@@ -242,16 +293,31 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
     return out;
   }
 
-  FileLock xlock;
+  LockFile xlock;
   if (!I.lock_prefix.empty()) {
     auto t0 = std::chrono::steady_clock::now();
-    auto r = xlock.acquire(I.lock_prefix + k.digest + ".lock", s_.lock_timeout_s);
-    if (r == FileLock::TimedOut)
-      log().warn("smla-cache [{}]: waited {:.1f} s for another process compiling this kernel; "
+    // Between polls, look for the entry: whoever holds the lock may have published it and still
+    // hold the lock (a worker forked mid-compile used to keep it for its whole life), or
+    // another process without the lock may have published it.
+    bool found = false;
+    auto published = [&] {
+      found = !stuck && readable_ && try_root(I.user, true, &out);
+      return found;
+    };
+    std::string lock_err;
+    const std::string lock_path = I.lock_prefix + k.digest + ".lock";
+    auto r = xlock.acquire(lock_path, s_.lock_timeout_s, published, &lock_err);
+    if (r == LockFile::TimedOut) {
+      std::string who = LockFile::holders(lock_path);
+      log().warn("smla-cache [{}]: waited {:.1f} s for another process compiling this kernel{}; "
                  "compiling here (SMLA_CACHE_LOCK_TIMEOUT_S)", k.tag,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 who.empty() ? "" : " (" + who + " holds " + lock_path + ")");
+    } else if (r == LockFile::Unavailable) {
+      log().debug("smla-cache [{}]: no compile lock ({})", k.tag, lock_err);
+    }
     // Whoever held the lock has probably published by now (unless a bad entry is stuck there).
-    if (r == FileLock::Acquired && !stuck && try_root(I.user, true, &out)) {
+    if (found || (r == LockFile::Acquired && published())) {
       ++I.disk_hits;
       out.origin = Origin::Disk;
       return out;
@@ -290,8 +356,9 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
       else
         log().debug("smla-cache [{}]: cannot publish ({})", k.tag, err);
     }
-    std::lock_guard<std::mutex> g(I.mu);
-    I.memory[k.digest] = c.binary;
+    auto& P = I.proc();
+    std::lock_guard<std::mutex> g(P.mu);
+    P.memory[k.digest] = c.binary;
   }
   return {std::move(c.binary), Origin::Compiled, std::move(not_stored)};
 }
@@ -348,8 +415,8 @@ BulkResult DiskCache::prune(int64_t max_bytes) {
   Evicted ev = evict(impl_->user, max_bytes, "");
   r.done = int64_t(ev.removed.size());
   r.rejected = ev.failed;
-  std::lock_guard<std::mutex> g(impl_->evict_mu);
-  impl_->approx_bytes = -1;
+  impl_->remove_unused_locks();
+  impl_->forget_size();
   return r;
 }
 
@@ -365,8 +432,8 @@ BulkResult DiskCache::clear() {
     else r.rejected.push_back(err);
   }
   clean_stale_staging(impl_->user, s_.stale_staging_s);
-  std::lock_guard<std::mutex> g(impl_->evict_mu);
-  impl_->approx_bytes = -1;
+  impl_->remove_unused_locks();
+  impl_->forget_size();
   return r;
 }
 

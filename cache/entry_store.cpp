@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,8 +164,7 @@ void touch(const std::string& path) {
 std::string make_staging(const Root& r, const char* kind, std::string* err) {
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
-  std::string p = r.staging() + "/" + kind + "." + host_name() + "." +
-                  std::to_string(getpid()) + "." + random_hex();
+  std::string p = r.staging() + "/" + kind + "." + owner_tag();
   if (::mkdir(p.c_str(), 0777) != 0) {  // the umask decides, as for files (write_file)
     *err = "cannot create " + p + ": " + errno_text(errno);
     return "";
@@ -209,8 +209,7 @@ std::string dangling_symlink(const std::string& path) {
 
 bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   std::string from = r.entry(name);
-  std::string to = r.staging() + "/trash." + host_name() + "." + std::to_string(getpid()) + "." +
-                   random_hex();
+  std::string to = r.staging() + "/trash." + owner_tag();
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
   if (::rename(from.c_str(), to.c_str()) == 0) {
@@ -227,38 +226,86 @@ bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   return false;
 }
 
+std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
+
+bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s) {
+  bool stale = age_ns > stale_s * 1000000000LL;
+  // <host>.<pid>.<rand>; the host may itself contain dots.
+  size_t d2 = tail.rfind('.');
+  size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : tail.rfind('.', d2 - 1);
+  if (d1 == std::string::npos || d1 == 0) return stale;  // no owner to ask: its age alone
+  std::string host = tail.substr(0, d1);
+  std::string pid_s = tail.substr(d1 + 1, d2 - d1 - 1);
+  char* end = nullptr;
+  long pid = std::strtol(pid_s.c_str(), &end, 10);
+  if (pid_s.empty() || *end || host != host_name() || pid <= 0) return stale;
+  if (pid == getpid()) return false;  // ours, maybe in flight on another thread
+  // A dead pid alone is no proof: a container in another PID namespace can share the hostname
+  // and be publishing right now. An age is, since a publish takes well under a second. (A lock
+  // held by the publisher would need flock, unreliable on the network filesystems shared caches
+  // live on.)
+  return stale || (age_ns > kDeadOwnerGraceS * 1000000000LL && ::kill(pid_t(pid), 0) != 0 &&
+                   errno == ESRCH);
+}
+
+int64_t age_ns(const std::string& path) { return realtime_ns() - mtime_ns(path); }
+
 int clean_stale_staging(const Root& r, int64_t stale_s) {
   std::error_code ec;
   int removed = 0;
-  int64_t now = realtime_ns();
   for (fs::directory_iterator it(r.staging(), ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     std::string path = it->path().string();
-    int64_t age_ns = now - mtime_ns(path);
-    bool stale = age_ns > stale_s * 1000000000LL;
-    // <kind>.<host>.<pid>.<rand>; the host may itself contain dots.
-    size_t d3 = name.rfind('.');
-    size_t d2 = d3 == std::string::npos || d3 == 0 ? std::string::npos : name.rfind('.', d3 - 1);
-    size_t d1 = name.find('.');
-    if (d2 != std::string::npos && d1 < d2) {
-      std::string host = name.substr(d1 + 1, d2 - d1 - 1);
-      long pid = std::strtol(name.substr(d2 + 1, d3 - d2 - 1).c_str(), nullptr, 10);
-      if (host == host_name() && pid > 0) {
-        if (pid == getpid()) continue;  // ours, maybe in flight on another thread
-        // A dead pid alone is no proof: a container in another PID namespace can share the
-        // hostname and be publishing right now. An age is, since a publish takes well under a
-        // second. (A lock held by the publisher would need flock, unreliable on the network
-        // filesystems shared caches live on.)
-        stale = stale || (age_ns > kDeadOwnerGraceS * 1000000000LL &&
-                          ::kill(pid_t(pid), 0) != 0 && errno == ESRCH);
-      }
-    }
-    if (!stale) continue;
+    // <kind>.<host>.<pid>.<rand>
+    size_t d = name.find('.');
+    if (!owner_gone(d == std::string::npos ? "" : name.substr(d + 1), age_ns(path), stale_s)) continue;
     std::error_code rec;
     fs::remove_all(path, rec);
     if (!rec) ++removed;
   }
+  // The writability probe renames its staging dir to entries/.probe.<owner> and removes it: a
+  // kill in between left it there (empty, skipped by every scan) for ever.
+  const std::string probe = ".probe.";
+  std::error_code pec;
+  for (fs::directory_iterator it(r.entries(), pec), end; !pec && it != end; it.increment(pec)) {
+    std::string name = it->path().filename().string();
+    std::string path = it->path().string();
+    if (name.compare(0, probe.size(), probe) != 0) continue;
+    if (owner_gone(name.substr(probe.size()), age_ns(path), stale_s) && ::rmdir(path.c_str()) == 0)
+      ++removed;
+  }
   return removed;
+}
+
+const char* network_fs_type(long f_type) {
+  // Magic numbers from <linux/magic.h> and the filesystems' own sources.
+  switch (static_cast<uint32_t>(f_type)) {
+    case 0x6969: return "nfs";
+    case 0x517B: return "smb";
+    case 0xFE534D42: return "smb2";
+    case 0xFF534D42: return "cifs";
+    case 0x564C: return "ncp";
+    case 0x5346414F: return "afs";
+    case 0x6B414653: return "kafs";
+    case 0x73757245: return "coda";
+    case 0x01021997: return "9p";
+    case 0x00C36400: return "ceph";
+    case 0x0BD00BD0: return "lustre";
+    case 0x47504653: return "gpfs";
+    case 0x19830326: return "beegfs";
+    case 0xAAD7AAEA: return "panfs";
+    case 0x13661366: return "orangefs";
+    case 0x01161970: return "gfs2";
+    case 0x7461636F: return "ocfs2";
+    case 0x65735546: return "fuse";  // sshfs, gcsfuse, glusterfs, ...: cannot tell, assume remote
+    default: return nullptr;
+  }
+}
+
+const char* network_fs_of(const std::string& path) {
+  struct statfs sf {};
+  if (::statfs(path.c_str(), &sf) != 0) return nullptr;
+  return network_fs_type(long(sf.f_type));
 }
 
 Loaded load_entry(const std::string& dir, const std::string& digest) {

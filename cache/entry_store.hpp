@@ -68,12 +68,27 @@ std::string dangling_symlink(const std::string& path);
 /// True when it is gone (or was already); false and *err when it could not be removed (e.g.
 /// another user's entry that is not writable by us).
 bool remove_entry(const Root& r, const std::string& name, std::string* err);
+/// "<host>.<pid>.<rand>": the tail of the names of this process's staging dirs and temp files
+/// (here and in the tuning database), which owner_gone() reads back.
+std::string owner_tag();
 /// A staging dir of this host whose pid is dead is removed only once older than this: the pid
 /// may be a live process of another PID namespace with the same hostname.
 constexpr int64_t kDeadOwnerGraceS = 600;
-/// Removes staging dirs whose owner is gone (same host, dead pid, older than kDeadOwnerGraceS)
-/// or older than `stale_s`.
+/// Whether something named "...<tail>", `tail` an owner_tag() (a name without one: ""), last
+/// modified `age_ns` ago, is left over: its owner on this host is dead (and it is older than
+/// kDeadOwnerGraceS), or it is older than `stale_s` whoever made it. Never this process's.
+bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s);
+/// Nanoseconds since `path` was last modified (since 1970 when it cannot be stat'ed).
+int64_t age_ns(const std::string& path);
+/// Removes staging dirs, and probe dirs left in entries/ (probe_publish killed before its rmdir),
+/// whose owner_gone().
 int clean_stale_staging(const Root& r, int64_t stale_s);
+
+/// The name of a network or cluster filesystem type (statfs f_type: "nfs", "lustre", "fuse", ...),
+/// where flock may not work or not across nodes; nullptr for a local one (or an unknown type).
+const char* network_fs_type(long f_type);
+/// network_fs_type() of the filesystem holding `path`; nullptr when local or when statfs fails.
+const char* network_fs_of(const std::string& path);
 
 /// A verified entry or why it is not one. `missing`: no such entry (a plain miss, not corrupt).
 struct Loaded {

@@ -49,8 +49,8 @@ struct Settings {
   bool readonly = false;   ///< SMLA_CACHE_READONLY=1: read the user cache, never write it
   int64_t max_bytes = int64_t(4) << 30;  ///< SMLA_CACHE_MAX_BYTES (K/M/G suffixes); 0 = unbounded
   bool lock = true;        ///< SMLA_CACHE_LOCK=0 disables the cross-process compile lock
-  std::string lock_dir;    ///< SMLA_CACHE_LOCK_DIR, node-local; default $XDG_RUNTIME_DIR/smla-locks
-                           ///< else /tmp/smla-locks-<uid>
+  std::string lock_dir;    ///< SMLA_CACHE_LOCK_DIR, node-local. Empty (default): <dir>/.locks when
+                           ///< the cache is on a local filesystem, else /tmp/smla-locks-<uid>
   double lock_timeout_s = 120;  ///< SMLA_CACHE_LOCK_TIMEOUT_S: then the waiter compiles itself
   int64_t stale_staging_s = 3600;  ///< SMLA_CACHE_STALE_S: staging of other hosts older than this
                                    ///< is removed (same host: once its pid is gone and it is
@@ -136,7 +136,8 @@ class DiskCache {
   std::vector<EntryInfo> list() const;
   std::vector<EntryInfo> verify() const;  ///< checks every entry; leaves them in place
   BulkResult prune(int64_t max_bytes);    ///< LRU-evict down to max_bytes; also stale staging
-  BulkResult clear();
+                                          ///< and lock files of absent keys nobody holds
+  BulkResult clear();                     ///< every entry; also lock files nobody holds
   BulkResult export_bundle(const std::string& file) const;  ///< verified entries only
   BulkResult import_bundle(const std::string& file);        ///< each entry verified before use
 

@@ -84,10 +84,10 @@ Settings settings_from_env() {
   read_bool("SMLA_CACHE_READONLY", &s.readonly);
   read_bytes("SMLA_CACHE_MAX_BYTES", &s.max_bytes);
   read_bool("SMLA_CACHE_LOCK", &s.lock);
-  // Locks must be node-local: flock on network filesystems is unreliable.
+  // Unset: DiskCache derives the lock directory from the cache directory alone, so that every
+  // process sharing the cache agrees (it once followed XDG_RUNTIME_DIR, which a batch job and an
+  // ssh shell of one user do not share). See lock_location() in disk_cache.cpp.
   if (const char* d = env("SMLA_CACHE_LOCK_DIR")) s.lock_dir = d;
-  else if (const char* r = env("XDG_RUNTIME_DIR")) s.lock_dir = std::string(r) + "/smla-locks";
-  else s.lock_dir = "/tmp/smla-locks-" + std::to_string(getuid());
   read_number("SMLA_CACHE_LOCK_TIMEOUT_S", 0, &s.lock_timeout_s);
   double stale = double(s.stale_staging_s);
   read_number("SMLA_CACHE_STALE_S", 0, &stale);

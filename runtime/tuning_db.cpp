@@ -1,9 +1,9 @@
 // tuning_db.cpp: the tuning database file: parse, look up, merge-and-publish under a lock.
 #include "tuning_db.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,13 +12,14 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "../cache/entry_store.hpp"
+#include "../cache/lock_file.hpp"
 #include "check.hpp"
 #include "env.hpp"
 #include "log.hpp"
@@ -34,6 +35,9 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kFormat = "smla-tuning-db";
 constexpr const char* kSmlaVersion = "0.1.0";
+// A temp file of another host (or of an older smla, whose names hold no host) is removed once this old, as the kernel
+// cache's staging is by default (SMLA_CACHE_STALE_S): a store takes milliseconds.
+constexpr int64_t kStaleTempS = 3600;
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -270,32 +274,64 @@ void write_all(int fd, const std::string& data, const std::string& path) {
   }
 }
 
-// Holds an exclusive flock on "<db>.lock" (a separate file: the database itself is replaced by
-// rename, and a lock on a replaced inode would protect nothing).
-class FileLock {
+// An exclusive flock on "<db>.lock" (a separate file: the database itself is replaced by rename, and a lock on a
+// replaced inode would protect nothing), waited for at most `timeout_s`. The cache's LockFile: a process forked while
+// a store holds it does not keep it (see cache/lock_file.hpp).
+class DbLock {
  public:
-  explicit FileLock(const std::string& path) {
-    // 0666: the umask decides, so under umask 002 a group's shared database stays lockable by the group.
-    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
-    const int err = errno;
-    // One another user created without group write (umask 022, an older smla): flock needs only an open fd.
-    if (fd_ < 0 && err == EACCES) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0)
-      SMLA_THROW(Status::InvalidArgument, "tuning db: cannot open lock file " + path + ": " + std::strerror(err) +
-                                              " (set SMLA_TUNING_DB to a writable path)");
-    while (::flock(fd_, LOCK_EX) != 0)
-      if (errno != EINTR) SMLA_THROW(Status::Internal, "tuning db: flock " + path + ": " + std::strerror(errno));
+  DbLock(const std::string& path, double timeout_s) {
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (lock_.acquire(path, timeout_s, {}, &err)) {
+      case cache::detail::LockFile::Acquired: return;
+      case cache::detail::LockFile::Unavailable:
+        SMLA_THROW(Status::InvalidArgument, "tuning db: " + err + " (set SMLA_TUNING_DB to a writable path)");
+      default: {
+        const std::string who = cache::detail::LockFile::holders(path);
+        char waited[32];
+        std::snprintf(waited, sizeof waited, "%.1f",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        SMLA_THROW(Status::Internal, "tuning db: waited " + std::string(waited) + " s for the lock file " + path +
+                                         ", held by " + (who.empty() ? "another process" : who) +
+                                         "; a store takes milliseconds, so that process is stuck: end it, or raise "
+                                         "SMLA_TUNING_DB_LOCK_TIMEOUT_S. Nothing was stored");
+      }
+    }
   }
-  ~FileLock() {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
 
  private:
-  int fd_;
+  cache::detail::LockFile lock_;
 };
+
+// Temp files "<db>.tmp.<owner>" beside `real` whose owner is gone (cache::detail::owner_gone), and those of an
+// older smla ("<db>.tmp.<pid>.<rand>", no host) once older than kStaleTempS. Best effort.
+void remove_stale_temps(const std::string& real) {
+  const std::string dir = parent_dir(real), prefix = base_name(real) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> gone;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string path = dir + "/" + name;
+    if (cache::detail::owner_gone(name.substr(prefix.size()), cache::detail::age_ns(path), kStaleTempS))
+      gone.push_back(path);
+  }
+  ::closedir(d);
+  for (const auto& path : gone)
+    if (::unlink(path.c_str()) == 0) log().info("tuning db: removed {}, left by a store that did not finish", path);
+}
+
+double lock_timeout_from_env() {
+  double t = kTuningDbLockTimeoutS;
+  if (const char* v = env("SMLA_TUNING_DB_LOCK_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double d = std::strtod(v, &end);
+    if (end && *end == 0 && d >= 0) t = d;
+    else log().warn("ignoring SMLA_TUNING_DB_LOCK_TIMEOUT_S='{}' (expected a number of seconds >= 0)", v);
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -380,63 +416,80 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
 
 TuningDb::TuningDb(std::string path, std::string runtime_version)
     : path_(path.empty() ? default_tuning_db_path() : std::move(path)),
-      version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)) {}
+      version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)),
+      lock_timeout_s_(lock_timeout_from_env()),
+      state_(new State(::getpid())) {}
 
-void TuningDb::warn(const std::string& msg) const {
-  warnings_.push_back(msg);
+TuningDb::~TuningDb() { delete state_.load(); }
+
+TuningDb::State& TuningDb::state() const {
+  State* s = state_.load(std::memory_order_acquire);
+  const pid_t me = ::getpid();
+  if (s->pid == me) return *s;
+  auto* fresh = new State(me);
+  if (state_.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread of this child was first: `s` is its state
+  return *s;
+}
+
+void TuningDb::warn(State& st, const std::string& msg) const {
+  st.warnings.push_back(msg);
   log().warn("{}", msg);
 }
 
 std::vector<std::string> TuningDb::warnings() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return warnings_;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.warnings;
 }
 
-void TuningDb::refresh() const {
+void TuningDb::refresh(State& st) const {
   const std::string stamp = file_stamp(path_);
-  if (stamp == stamp_) return;  // unchanged since the last parse: warnings were given then
-  stamp_ = stamp;
-  entries_.clear();
+  if (stamp == st.stamp) return;  // unchanged since the last parse: warnings were given then
+  st.stamp = stamp;
+  st.entries.clear();
   json entries;
   std::string why;
   switch (read_db(path_, &entries, &why)) {
     case Parsed::Absent: return;
     case Parsed::Unreadable:
-      warn("tuning db " + path_ + " " + why + ": ignored; the planner uses its heuristics");
+      warn(st, "tuning db " + path_ + " " + why + ": ignored; the planner uses its heuristics");
       return;
     case Parsed::Corrupt:
-      warn("tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the next "
-           "smla-tune store rewrites it");
+      warn(st, "tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the "
+               "next smla-tune store rewrites it");
       return;
     case Parsed::OlderSchema:
-      warn("tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
+      warn(st, "tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
       return;
     case Parsed::NewerSchema:
-      warn("tuning db " + path_ + " has " + why + ": ignored (a newer smla wrote it; this one will not overwrite it)");
+      warn(st, "tuning db " + path_ + " has " + why +
+                   ": ignored (a newer smla wrote it; this one will not overwrite it)");
       return;
     case Parsed::Ok: break;
   }
   for (auto it = entries.begin(); it != entries.end(); ++it) {
     TuningEntry e;
     const std::string bad = entry_from_json(it.value(), &e);
-    if (bad.empty()) entries_.emplace_back(it.key(), e);
-    else warn("tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored (" + bad + ")");
+    if (bad.empty()) st.entries.emplace_back(it.key(), e);
+    else warn(st, "tuning db " + path_ + ": malformed entry '" + it.key() + "' ignored (" + bad + ")");
   }
 }
 
 std::optional<TuningEntry> TuningDb::find(const std::string& target, const Problem& p) const {
   const std::string key = tuning_key(target, p, version_);
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  refresh(st);
+  for (auto it = st.entries.begin(); it != st.entries.end(); ++it) {
     if (it->first != key) continue;
     // The key holds topk, so an r_chunk that does not divide it was never a measured config: the planner would
     // reject it naming Problem::r_chunk, which the user never set. Dropped until the file changes (one warning).
     const int64_t rc = it->second.config.r_chunk;
     if (rc && p.topk % rc != 0) {
-      warn("tuning db " + path_ + ": malformed entry '" + key + "' ignored (r_chunk " + std::to_string(rc) +
-           " does not divide topk " + std::to_string(p.topk) + ")");
-      entries_.erase(it);
+      warn(st, "tuning db " + path_ + ": malformed entry '" + key + "' ignored (r_chunk " + std::to_string(rc) +
+                   " does not divide topk " + std::to_string(p.topk) + ")");
+      st.entries.erase(it);
       return std::nullopt;
     }
     return it->second;
@@ -461,7 +514,7 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
   // Resolved once: the lock, the temp file and the rename target all sit beside the real file.
   const std::string real = resolve_for_write(path_);
   const std::string dir = parent_dir(real);
-  FileLock lock(real + ".lock");
+  DbLock lock(real + ".lock", lock_timeout_s_);
   // Re-read under the lock: entries other processes stored since we last looked are kept.
   json entries;
   std::string why;
@@ -475,8 +528,9 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
                                           "another file)");
     case Parsed::Corrupt:
     case Parsed::OlderSchema: {
-      std::lock_guard<std::mutex> g(mu_);
-      warn("tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
+      State& st = state();
+      std::lock_guard<std::mutex> g(st.mu);
+      warn(st, "tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
       break;
     }
     case Parsed::Absent:
@@ -489,8 +543,12 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
   doc["entries"] = std::move(entries);
   const std::string text = doc.dump(1) + "\n";
 
-  std::random_device rd;
-  const std::string tmp = real + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
+  // Temp files of stores killed part way (each a full copy of the database) were left for ever. Every store writes
+  // its temp file under this lock, so one present now belongs to a store that did not finish; it is removed once the
+  // kernel cache's rule for its staging says the writer is gone (same host and a dead pid, or old).
+  remove_stale_temps(real);
+  // "<db>.tmp.<host>.<pid>.<rand>", which that rule reads back.
+  const std::string tmp = real + ".tmp." + cache::detail::owner_tag();
   // 0666: the umask decides, so under umask 002 the published file stays writable by the group.
   const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
   if (fd < 0)

@@ -3,9 +3,12 @@
 //
 // One versioned JSON file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else
 // ~/.cache/smla/tuning.json). Writers resolve symlinks in the path, take an flock on "<file>.lock"
-// beside the real file, re-read it, merge their entry and publish by rename, so several tuning
-// processes (through any link) merge instead of clobbering. Files and directories are created
-// 0666/0777 for the umask to decide (umask 002 and a setgid directory: a group's shared database).
+// beside the real file (waiting at most SMLA_TUNING_DB_LOCK_TIMEOUT_S, default 60 s; a fork()ed
+// child does not keep it), re-read it, merge their entry and publish by rename, so several tuning
+// processes (through any link) merge instead of clobbering; temp files of stores killed part way
+// are removed by a later store once their writer is gone (cache::detail::owner_gone). Files and
+// directories are created 0666/0777 for the umask to decide (umask 002 and a setgid directory: a
+// group's shared database).
 // Readers never lock (a rename is atomic). A corrupt file or one of an older schema is ignored
 // with a warning and replaced by the next store; one of a newer schema is ignored and never
 // overwritten (a store throws).
@@ -15,6 +18,9 @@
 // new T inside a bucket reuses its tuned config (and its kernels: no T is compiled into a kernel)
 // and a kernel change invalidates old measurements.
 #pragma once
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -32,6 +38,10 @@ class KernelSources;
 /// Layout of the file; a file with another schema is ignored (warning); an older one is rewritten on store, a
 /// newer one makes store throw.
 constexpr int kTuningSchema = 1;
+
+/// How long a store waits for another writer's lock by default (SMLA_TUNING_DB_LOCK_TIMEOUT_S overrides it); a store
+/// itself takes milliseconds.
+constexpr double kTuningDbLockTimeoutS = 60;
 
 /// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json.
 std::string default_tuning_db_path();
@@ -76,19 +86,23 @@ class TuningDb {
  public:
   /// `path` empty: default_tuning_db_path(). `runtime_version` empty: default_tuning_runtime_version().
   explicit TuningDb(std::string path = {}, std::string runtime_version = {});
+  ~TuningDb();
+  TuningDb(const TuningDb&) = delete;
+  TuningDb& operator=(const TuningDb&) = delete;
 
   /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
   /// unreadable or corrupt file, a malformed entry: each warned about once). When p.r_chunk is
   /// set, the caller's r_chunk is kept. A tuned r_chunk holds at any T of the bucket: where its
   /// interm would exceed the budget the planner splits the tokens.
-  /// Thread-safe; re-reads the file only when it changed.
+  /// Thread-safe, also in a child fork()ed while another thread looked up; re-reads the file only when it changed.
   std::optional<TileConfig> lookup(const std::string& target, const Problem& p) const;
   /// The stored entry with its timings.
   std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
 
   /// Adds or replaces the entry of `p`'s class on `target` (atomic, merged under a file lock).
   /// Throws smla::Error naming the path when the file cannot be read or written, is a directory,
-  /// or has a newer schema (left untouched).
+  /// or has a newer schema (left untouched), or naming the lock file (and its holder) when another
+  /// writer held it past the lock timeout (SMLA_TUNING_DB_LOCK_TIMEOUT_S, read at construction).
   void store(const std::string& target, const Problem& p, const TuningEntry& e);
 
   const std::string& path() const { return path_; }
@@ -97,14 +111,24 @@ class TuningDb {
   std::vector<std::string> warnings() const;
 
  private:
-  void refresh() const;  // under mu_
-  void warn(const std::string& msg) const;
+  // What the mutex guards belongs to one process: a fork()ed child starts its own state, since a thread of the
+  // parent may have held the mutex at the fork (the child would wait for it for ever). The inherited state is leaked,
+  // not destroyed (destroying a locked mutex is undefined); the child re-reads the file.
+  struct State {
+    explicit State(pid_t p) : pid(p) {}
+    const pid_t pid;
+    std::mutex mu;
+    std::string stamp;  // identity of the file last parsed (inode, size, mtime)
+    std::vector<std::pair<std::string, TuningEntry>> entries;
+    std::vector<std::string> warnings;
+  };
+  State& state() const;
+  void refresh(State& st) const;  // under st.mu
+  void warn(State& st, const std::string& msg) const;
 
   std::string path_, version_;
-  mutable std::mutex mu_;
-  mutable std::string stamp_;  // identity of the file last parsed (inode, size, mtime)
-  mutable std::vector<std::pair<std::string, TuningEntry>> entries_;
-  mutable std::vector<std::string> warnings_;
+  double lock_timeout_s_;
+  mutable std::atomic<State*> state_;
 };
 
 }  // namespace smla

@@ -2,11 +2,17 @@
 // processes storing at once, corrupt, foreign, malformed and unreadable files, runtime-version
 // isolation, symlinked paths, a group's shared database, smla-tune's verdict on the heuristic.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -259,6 +265,159 @@ TEST(TuningDb, ConcurrentWritersMerge) {
   // No temp file left behind.
   for (const auto& f : fs::directory_iterator(d.path))
     EXPECT_EQ(f.path().filename().string().find(".tmp."), std::string::npos) << f.path();
+}
+
+// Exit code of `pid`, or -1 when it is still running after `timeout_s` (then it is killed).
+int wait_exit_within(pid_t pid, double timeout_s) {
+  int st = 0;
+  if (!cache::test::wait_until([&] { return ::waitpid(pid, &st, WNOHANG) == pid; }, timeout_s)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    return -1;
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// A lock held for ever (a hung writer, or a process that inherited it) used to block every store without end. The
+// wait is bounded, and the error names the lock file and its holder; nothing is written.
+TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  const std::string before = read(path);
+  const int held = ::open((path + ".lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    ::setenv("SMLA_TUNING_DB_LOCK_TIMEOUT_S", "1", 1);
+    std::string r;
+    int rc = 1;
+    try {
+      TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));
+      r = "stored although the lock was held";
+    } catch (const Error& e) {
+      r = e.message();
+      rc = 0;
+    }
+    (void)!::write(p[1], r.data(), r.size());
+    ::_exit(rc);
+  }
+  ::close(p[1]);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = wait_exit_within(pid, 20);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) msg.append(buf, size_t(n));
+  ::close(p[0]);
+  ::close(held);
+  ASSERT_NE(rc, -1) << "the store waited for the lock without a bound";
+  EXPECT_EQ(rc, 0) << msg;
+  EXPECT_GE(s, 0.9);
+  EXPECT_LT(s, 10);
+  EXPECT_NE(msg.find(path + ".lock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << "the holder is named: " << msg;
+  EXPECT_NE(msg.find("SMLA_TUNING_DB_LOCK_TIMEOUT_S"), std::string::npos) << msg;
+  EXPECT_EQ(read(path), before) << "nothing stored";
+  TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));  // released: stores again
+  EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
+}
+
+// A worker forked while another thread of its parent was inside a lookup inherited the database's mutex locked by a
+// thread it does not have, and hung in its own first lookup. Here the parent's thread is held inside the read by a
+// FIFO in place of the file; the test then opens and closes a writer until everyone has read to its end.
+TEST(TuningDb, ForkedChildLooksUpWhileAParentThreadIsInsideALookup) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  TuningDb db(path, "v1");
+  std::atomic<bool> parent_done{false};
+  std::thread t([&] {
+    db.lookup("sm_90a", problem(4096));  // blocks in open() until a writer comes
+    parent_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_FALSE(parent_done.load()) << "the lookup did not block on the FIFO: the test shows nothing";
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const bool found = db.lookup("sm_90a", problem(4096)).has_value();
+    ::_exit(found ? 1 : 0);
+  }
+  int st = 0, rc = -1;
+  bool exited = false;
+  for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       !exited && std::chrono::steady_clock::now() < end;) {
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // ENXIO while nobody reads
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (w >= 0) ::close(w);  // the readers see the end of the file
+    exited = ::waitpid(pid, &st, WNOHANG) == pid;
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+  } else {
+    rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  while (!parent_done) {  // release the parent's thread too
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (w >= 0) ::close(w);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.join();
+  EXPECT_NE(rc, -1) << "the forked child hung in lookup() (the mutex a parent thread held at the fork)";
+  EXPECT_EQ(rc, 0);
+}
+
+// A store killed between creating its temp file and the rename left "<db>.tmp.*" (a full copy) beside the database
+// for ever. The next store removes those whose writer is gone, by the kernel cache's rule for its staging: this
+// host and a dead pid once older than 10 minutes (the pid may be a live process of another PID namespace), any
+// writer once older than an hour; never a live writer's, never another file's.
+TEST(TuningDb, StoreRemovesTempFilesOfDeadWriters) {
+  TempDir d;
+  const std::string path = d.path + "/tuning.json";
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  std::fflush(nullptr);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string me = std::string(host) + ".", tmp = path + ".tmp.";
+  const std::string dead_old = tmp + me + std::to_string(dead) + ".1",
+                    dead_new = tmp + me + std::to_string(dead) + ".2",
+                    alive_old = tmp + me + std::to_string(::getppid()) + ".3",
+                    other_host_old = tmp + "otherhost.12.4", other_host_new = tmp + "otherhost.12.5",
+                    older_smla_old = tmp + std::to_string(dead) + ".6", older_smla_new = tmp + std::to_string(dead) + ".7",
+                    not_ours = d.path + "/other.json.tmp." + me + std::to_string(dead) + ".8";
+  const time_t now = ::time(nullptr);
+  for (const auto& [f, age] : std::vector<std::pair<std::string, time_t>>{{dead_old, 20 * 60},
+                                                                          {dead_new, 0},
+                                                                          {alive_old, 20 * 60},
+                                                                          {other_host_old, 2 * 3600},
+                                                                          {other_host_new, 20 * 60},
+                                                                          {older_smla_old, 2 * 3600},
+                                                                          {older_smla_new, 20 * 60},
+                                                                          {not_ours, 2 * 3600}}) {
+    std::ofstream(f) << read(path);
+    const timespec t[2] = {{now - age, 0}, {now - age, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0);
+  }
+  TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));
+  EXPECT_FALSE(fs::exists(dead_old)) << "this host, dead writer, old";
+  EXPECT_TRUE(fs::exists(dead_new)) << "a dead pid with a fresh file may be a writer of another PID namespace";
+  EXPECT_TRUE(fs::exists(alive_old)) << "its writer lives (and it is younger than an hour)";
+  EXPECT_FALSE(fs::exists(other_host_old)) << "older than an hour";
+  EXPECT_TRUE(fs::exists(other_host_new));
+  EXPECT_FALSE(fs::exists(older_smla_old)) << "an older smla's name (no host), older than an hour";
+  EXPECT_TRUE(fs::exists(older_smla_new));
+  EXPECT_TRUE(fs::exists(not_ours)) << "another database's temp file";
+  EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
 }
 
 class CorruptFile : public ::testing::TestWithParam<std::string> {};

@@ -262,4 +262,41 @@ TEST(DiskCache, StaleStagingIsCleanedUp) {
   EXPECT_TRUE(fs::exists(other_new));
 }
 
+// The open's writability probe renames a staging dir to entries/.probe.<host>.<pid>.<rand> and
+// removes it; a kill between the two left it there for ever. Opening removes those whose owner is
+// gone, by the rule for staging dirs.
+TEST(DiskCache, ProbeDirsLeftByAKilledOpenAreCleanedUp) {
+  TempDir t;
+  Settings s = settings_for(t);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  wait_exit(dead);
+  const std::string e = t / "cache/entries/.probe.", me = std::string(host) + ".";
+  const std::string dead_old = e + me + std::to_string(dead) + ".1",
+                    dead_new = e + me + std::to_string(dead) + ".2",
+                    alive = e + me + std::to_string(::getppid()) + ".3", other_old = e + "otherhost.12.4",
+                    other_new = e + "otherhost.12.5";
+  const time_t now = ::time(nullptr);
+  for (const auto& [d, age] : std::vector<std::pair<std::string, time_t>>{
+           {dead_old, 20 * 60}, {dead_new, 0}, {alive, 20 * 60}, {other_old, 7200}, {other_new, 20 * 60}}) {
+    fs::create_directories(d);
+    timespec ts[2] = {{now - age, 0}, {now - age, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, d.c_str(), ts, 0), 0);
+  }
+  DiskCache cache(s);
+  ASSERT_TRUE(cache.writable());
+  EXPECT_FALSE(fs::exists(dead_old)) << "owner pid is gone and the folder is old";
+  EXPECT_TRUE(fs::exists(dead_new)) << "a dead pid with a fresh folder may be a live process in another PID namespace";
+  EXPECT_TRUE(fs::exists(alive)) << "owner is alive";
+  EXPECT_FALSE(fs::exists(other_old)) << "older than SMLA_CACHE_STALE_S";
+  EXPECT_TRUE(fs::exists(other_new));
+  // And the open's own probe left nothing behind.
+  size_t probes = 0;
+  for (const auto& x : fs::directory_iterator(t / "cache/entries"))
+    probes += x.path().filename().string().rfind(".probe.", 0) == 0;
+  EXPECT_EQ(probes, 3u);
+}
+
 }  // namespace smla::cache::test

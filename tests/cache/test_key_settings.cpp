@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "entry_store.hpp"
 #include "test_util.hpp"
 
 namespace smla::cache::test {
@@ -113,6 +114,32 @@ TEST(CacheSettings, DefaultsAndBadValues) {
   EXPECT_FALSE(s.disable);
   EXPECT_DOUBLE_EQ(s.lock_timeout_s, d.lock_timeout_s);
   EXPECT_EQ(log.count("ignoring"), 3) << log.text();
+}
+
+// The lock location must not depend on the environment beyond SMLA_CACHE_LOCK_DIR: processes
+// sharing a cache would otherwise use different locks.
+TEST(CacheSettings, LockDirFollowsOnlySmlaCacheLockDir) {
+  EnvGuard g;
+  g.set("SMLA_CACHE_DIR", "/x/cache");
+  ::unsetenv("SMLA_CACHE_LOCK_DIR");
+  g.set("XDG_RUNTIME_DIR", "/run/user/1234");
+  const std::string with_xdg = settings_from_env().lock_dir;
+  ::unsetenv("XDG_RUNTIME_DIR");
+  EXPECT_EQ(settings_from_env().lock_dir, with_xdg);
+  EXPECT_EQ(with_xdg, "") << "empty: derived from the cache directory";
+  g.set("SMLA_CACHE_LOCK_DIR", "/run/l");
+  EXPECT_EQ(settings_from_env().lock_dir, "/run/l");
+}
+
+TEST(CacheSettings, NetworkFilesystemsAreRecognized) {
+  EXPECT_STREQ(detail::network_fs_type(0x6969), "nfs");
+  EXPECT_STREQ(detail::network_fs_type(0x0BD00BD0), "lustre");
+  EXPECT_STREQ(detail::network_fs_type(0x47504653), "gpfs");
+  EXPECT_STREQ(detail::network_fs_type(long(0xFF534D42)), "cifs");
+  EXPECT_STREQ(detail::network_fs_type(0x65735546), "fuse");
+  EXPECT_EQ(detail::network_fs_type(0xEF53), nullptr) << "ext4 is local";
+  EXPECT_EQ(detail::network_fs_type(0x01021994), nullptr) << "tmpfs is local";
+  EXPECT_EQ(detail::network_fs_of("/proc"), nullptr);
 }
 
 TEST(CacheSettings, ByteSizes) {

@@ -13,8 +13,10 @@ namespace smla::cache::test {
 struct Ranks {
   TempDir t;
   std::string log = t / "compiles.log";
+  bool own_lock_dir = true;  // false: SMLA_CACHE_LOCK_DIR unset, the cache chooses
   std::vector<std::string> env(const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> e = {"SMLA_CACHE_DIR=" + (t / "cache"), "SMLA_CACHE_LOCK_DIR=" + (t / "locks"),
+    std::vector<std::string> e = {"SMLA_CACHE_DIR=" + (t / "cache"),
+                                  "SMLA_CACHE_LOCK_DIR=" + (own_lock_dir ? t / "locks" : ""),
                                   "SMLA_CACHE_MAX_BYTES=0"};
     e.insert(e.end(), extra.begin(), extra.end());
     return e;
@@ -38,11 +40,15 @@ struct Ranks {
   }
 };
 
-static void run_eight(Ranks& r, const std::vector<std::string>& extra) {
+static void run_eight(Ranks& r, const std::vector<std::string>& extra,
+                      const std::vector<std::string>& odd_extra = {}) {
   std::string go = r.t / "go";
   std::vector<pid_t> pids;
-  for (int i = 0; i < 8; ++i)
-    pids.push_back(r.start(3, 150, extra, go, "", r.t / ("out" + std::to_string(i))));
+  for (int i = 0; i < 8; ++i) {
+    std::vector<std::string> e = extra;
+    if (i % 2) e.insert(e.end(), odd_extra.begin(), odd_extra.end());
+    pids.push_back(r.start(3, 150, e, go, "", r.t / ("out" + std::to_string(i))));
+  }
   // Release them together once all are waiting (process start-up on a loaded machine can take
   // longer than a compile, which would let late ranks find every kernel on disk).
   EXPECT_TRUE(wait_until([&] { return slurp(go + ".ready").size() == 8; }, 30)) << "ranks not ready";
@@ -80,6 +86,23 @@ TEST(MultiProcess, EightRanksWithoutLockAllSucceed) {
   EXPECT_GT(total, 3) << "no two ranks compiled the same kernel: the lost-race path was not exercised";
   r.expect_all_verify(3);
   EXPECT_EQ(count_dir(r.t / "cache/.staging"), 0u);
+}
+
+// Ranks sharing one cache directory, half of them launched with XDG_RUNTIME_DIR (an ssh shell)
+// and half without (a batch job), and no SMLA_CACHE_LOCK_DIR: the lock location used to follow
+// XDG_RUNTIME_DIR, so the two halves did not exclude each other and compiled every kernel twice.
+TEST(MultiProcess, RanksWithAndWithoutXdgRuntimeDirShareTheLocks) {
+  Ranks r;
+  r.own_lock_dir = false;
+  fs::create_directories(r.t / "xdg");
+  run_eight(r, {"XDG_RUNTIME_DIR="}, {"XDG_RUNTIME_DIR=" + (r.t / "xdg")});
+  auto m = r.compiles();
+  EXPECT_EQ(m.size(), 3u);
+  for (auto& [k, n] : m) EXPECT_EQ(n, 1) << k << " compiled " << n << " times";
+  r.expect_all_verify(3);
+  // On a local filesystem the locks are inside the cache, and nothing went to XDG_RUNTIME_DIR.
+  EXPECT_EQ(count_dir(r.t / "cache/.locks"), 3u);
+  EXPECT_EQ(count_dir(r.t / "xdg"), 0u);
 }
 
 TEST(MultiProcess, SecondProcessCompilesNothing) {
