@@ -63,6 +63,8 @@ class Backend {
   virtual int device_count() const = 0;
   /// Full target id of a device ("sm_90a", "gfx950:sramecc+:xnack-", "cpu").
   virtual std::string target(int device) const = 0;
+  /// The class the tuning database keeps a device's measurements under (tuning_device_class): by default its target.
+  virtual std::string device_class(int device) const { return target(device); }
   /// The compiler, or null for the CPU backend.
   virtual const RtcCompiler* compiler() const = 0;
   /// Turns a compiled binary into a launchable kernel on `device` (may throw when the driver

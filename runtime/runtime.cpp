@@ -187,6 +187,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
                                             " backend has " + std::to_string(be->device_count()) + " device(s)");
 
   const std::string target = be->target(p.device);
+  const std::string device_class = be->device_class(p.device);
 
   // A tuned config from the database, when there is one for this target and problem class and
   // it still fits the kernels; otherwise the heuristics. An explicit config bypasses the database.
@@ -194,7 +195,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   bool from_db = false;
   if (!cfg && be->compiler()) {
     const size_t budget = runtime_env().interm_budget;
-    if (auto t = impl_->tuning.lookup(target, p)) {
+    if (auto t = impl_->tuning.lookup(device_class, p)) {
       std::string no;
       const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
       const bool few_chunks = int64_t(ts.t_chunks) * ts.n_chunks <= kMaxChunkPairs;  // a tuned r_chunk at a larger T
@@ -242,6 +243,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->steps_ = order_steps(plan->shape_, impl_->kernels_of(kind));
   plan->info_.backend = be->name();
   plan->info_.target = target;
+  plan->info_.device_class = device_class;
   plan->info_.r_chunk = plan->shape_.r_chunk;
   plan->info_.n_chunks = plan->shape_.n_chunks;
   plan->info_.t_chunk = plan->shape_.t_chunk;

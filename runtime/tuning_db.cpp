@@ -239,9 +239,11 @@ std::string lse_name(const Problem& p) {
   return std::string(p.lse.base2 ? "log2" : "ln") + (p.has_sink && !p.lse.includes_sink ? ",excl" : ",incl");
 }
 
-json entry_to_json(const std::string& target, const Problem& p, const std::string& version, const TuningEntry& e) {
+json entry_to_json(const std::string& device_class, const Problem& p, const std::string& version,
+                   const TuningEntry& e) {
   json v;
-  v["target"] = target;
+  v["device"] = device_class;
+  v["target"] = target_of_device_class(device_class);
   v["H"] = p.H;
   v["topk"] = p.topk;
   v["sink"] = p.has_sink;
@@ -385,8 +387,19 @@ int64_t pow2_bucket(int64_t v) {
   return b;
 }
 
-std::string tuning_key(const std::string& target, const Problem& p, const std::string& runtime_version) {
-  return "target=" + target + ";H=" + std::to_string(p.H) + ";topk=" + std::to_string(p.topk) +
+std::string tuning_device_class(const std::string& target, const std::string& device_name, int multiprocessors) {
+  std::string name = device_name;
+  for (char& c : name)
+    if (c == ';' || c == '/' || c == '=') c = '_';
+  return target + "/" + name + "/" + std::to_string(multiprocessors) + "sm";
+}
+
+std::string target_of_device_class(const std::string& device_class) {
+  return device_class.substr(0, device_class.find('/'));
+}
+
+std::string tuning_key(const std::string& device_class, const Problem& p, const std::string& runtime_version) {
+  return "device=" + device_class + ";H=" + std::to_string(p.H) + ";topk=" + std::to_string(p.topk) +
          ";sink=" + (p.has_sink ? "1" : "0") + ";lse=" + lse_name(p) + ";dkv=" + (p.dkv_fp32 ? "f32" : "bf16") +
          ";T<=" + std::to_string(pow2_bucket(p.T)) + ";num_kv<=" + std::to_string(pow2_bucket(p.num_kv)) +
          ";v=" + runtime_version;
@@ -476,8 +489,8 @@ void TuningDb::refresh(State& st) const {
   }
 }
 
-std::optional<TuningEntry> TuningDb::find(const std::string& target, const Problem& p) const {
-  const std::string key = tuning_key(target, p, version_);
+std::optional<TuningEntry> TuningDb::find(const std::string& device_class, const Problem& p) const {
+  const std::string key = tuning_key(device_class, p, version_);
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   refresh(st);
@@ -497,15 +510,38 @@ std::optional<TuningEntry> TuningDb::find(const std::string& target, const Probl
   return std::nullopt;
 }
 
-std::optional<TileConfig> TuningDb::lookup(const std::string& target, const Problem& p) const {
-  std::optional<TuningEntry> e = find(target, p);
+std::optional<TileConfig> TuningDb::lookup(const std::string& device_class, const Problem& p) const {
+  std::optional<TuningEntry> e = find(device_class, p);
   if (!e) return std::nullopt;
   TileConfig c = e->config;
   if (p.r_chunk) c.r_chunk = p.r_chunk;  // the caller's explicit choice wins
   return c;
 }
 
-void TuningDb::store(const std::string& target, const Problem& p, const TuningEntry& e) {
+std::vector<TileConfig> TuningDb::lookup_target(const std::string& target, const Problem& p) const {
+  // Every class of `target` has the key "device=<target>[/...]" followed by what tuning_key puts after the class.
+  const std::string bare = tuning_key(target, p, version_), head = "device=" + target;
+  const std::string tail = bare.substr(head.size());
+  std::vector<std::string> classes;
+  {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    refresh(st);
+    for (const auto& [key, e] : st.entries) {
+      if (key.size() < head.size() + tail.size() || key.compare(0, head.size(), head) != 0 ||
+          key.compare(key.size() - tail.size(), tail.size(), tail) != 0)
+        continue;
+      const std::string mid = key.substr(head.size(), key.size() - head.size() - tail.size());
+      if (mid.empty() || (mid[0] == '/' && mid.find(';') == std::string::npos)) classes.push_back(target + mid);
+    }
+  }
+  std::vector<TileConfig> out;
+  for (const std::string& c : classes)  // through lookup: its checks (r_chunk dividing topk) and the caller's r_chunk
+    if (auto cfg = lookup(c, p)) out.push_back(*cfg);
+  return out;
+}
+
+void TuningDb::store(const std::string& device_class, const Problem& p, const TuningEntry& e) {
   // Checked first so that nothing (no <dir>.lock) is created beside a directory.
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
@@ -536,7 +572,7 @@ void TuningDb::store(const std::string& target, const Problem& p, const TuningEn
     case Parsed::Absent:
     case Parsed::Ok: break;
   }
-  entries[tuning_key(target, p, version_)] = entry_to_json(target, p, version_, e);
+  entries[tuning_key(device_class, p, version_)] = entry_to_json(device_class, p, version_, e);
   json doc;
   doc["format"] = kFormat;
   doc["schema"] = kTuningSchema;

@@ -13,8 +13,9 @@
 // with a warning and replaced by the next store; one of a newer schema is ignored and never
 // overwritten (a store throws).
 //
-// Problem class: target, H, topk, sink, lse convention, dkv_fp32, T and num_kv rounded up to a
-// power of two, and the runtime version (smla version + a digest of the kernel sources), so a
+// Problem class: the device class (tuning_device_class: target, device name and multiprocessors, so an H100 and an
+// H200, both sm_90a, sharing one database keep their own measurements), H, topk, sink, lse convention, dkv_fp32, T
+// and num_kv rounded up to a power of two, and the runtime version (smla version + a digest of the kernel sources), so a
 // new T inside a bucket reuses its tuned config (and its kernels: no T is compiled into a kernel)
 // and a kernel change invalidates old measurements.
 #pragma once
@@ -36,8 +37,15 @@ namespace smla {
 class KernelSources;
 
 /// Layout of the file; a file with another schema is ignored (warning); an older one is rewritten on store, a
-/// newer one makes store throw.
-constexpr int kTuningSchema = 1;
+/// newer one makes store throw. 2: entries keyed by device class (1 keyed by target only).
+constexpr int kTuningSchema = 2;
+
+/// The device class tuned entries are kept under: "<target>/<device name>/<multiprocessors>sm" (';', '/' and '=' in
+/// the name become '_'), e.g. "sm_90a/NVIDIA H200/132sm"; a bare target is a class too (the backends that report
+/// nothing more).
+std::string tuning_device_class(const std::string& target, const std::string& device_name, int multiprocessors);
+/// The target of a device class (its text before the first '/').
+std::string target_of_device_class(const std::string& device_class);
 
 /// How long a store waits for another writer's lock by default (SMLA_TUNING_DB_LOCK_TIMEOUT_S overrides it); a store
 /// itself takes milliseconds.
@@ -63,8 +71,8 @@ std::string tune_heuristic_error(const std::string& config, const std::string& s
 /// Smallest power of two >= v (1 for v <= 1): the T and num_kv buckets.
 int64_t pow2_bucket(int64_t v);
 
-/// The problem-class key of `p` on `target` (readable; also the JSON object key).
-std::string tuning_key(const std::string& target, const Problem& p, const std::string& runtime_version);
+/// The problem-class key of `p` on `device_class` (readable; also the JSON object key).
+std::string tuning_key(const std::string& device_class, const Problem& p, const std::string& runtime_version);
 
 /// The planner's shape for `p` with `cfg` applied the way Runtime::plan(p, cfg) applies it
 /// (cfg->r_chunk overrides p.r_chunk, then the tile fields). `cfg` may be null (heuristic).
@@ -90,20 +98,23 @@ class TuningDb {
   TuningDb(const TuningDb&) = delete;
   TuningDb& operator=(const TuningDb&) = delete;
 
-  /// The tuned config for `p` on `target`, or nothing (no entry, another runtime version, an
+  /// The tuned config for `p` on `device_class` (tuning_device_class), or nothing (no entry, another runtime version, an
   /// unreadable or corrupt file, a malformed entry: each warned about once). When p.r_chunk is
   /// set, the caller's r_chunk is kept. A tuned r_chunk holds at any T of the bucket: where its
   /// interm would exceed the budget the planner splits the tokens.
   /// Thread-safe, also in a child fork()ed while another thread looked up; re-reads the file only when it changed.
-  std::optional<TileConfig> lookup(const std::string& target, const Problem& p) const;
+  std::optional<TileConfig> lookup(const std::string& device_class, const Problem& p) const;
   /// The stored entry with its timings.
-  std::optional<TuningEntry> find(const std::string& target, const Problem& p) const;
+  std::optional<TuningEntry> find(const std::string& device_class, const Problem& p) const;
+  /// The tuned configs for `p` of every device class of `target` (warm-up, which has no device to ask), in the
+  /// file's order; the caller's r_chunk kept as in lookup().
+  std::vector<TileConfig> lookup_target(const std::string& target, const Problem& p) const;
 
-  /// Adds or replaces the entry of `p`'s class on `target` (atomic, merged under a file lock).
+  /// Adds or replaces the entry of `p`'s class on `device_class` (atomic, merged under a file lock).
   /// Throws smla::Error naming the path when the file cannot be read or written, is a directory,
   /// or has a newer schema (left untouched), or naming the lock file (and its holder) when another
   /// writer held it past the lock timeout (SMLA_TUNING_DB_LOCK_TIMEOUT_S, read at construction).
-  void store(const std::string& target, const Problem& p, const TuningEntry& e);
+  void store(const std::string& device_class, const Problem& p, const TuningEntry& e);
 
   const std::string& path() const { return path_; }
   const std::string& runtime_version() const { return version_; }

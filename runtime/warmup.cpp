@@ -204,12 +204,15 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
           for (const TileConfig& c : opts.configs) add_shape(shape_with_config(p, &c, budget, target));
           continue;
         }
-        std::optional<TileConfig> tuned;
-        if (db) tuned = db->lookup(target, p);
-        ShapeInfo s = shape_with_config(p, tuned ? &*tuned : nullptr, budget, target);
-        // A tuned config the kernels no longer accept is skipped, as plan() falls back then.
-        if (tuned && !shape_supported(family, s, nullptr)) s = shape_with_config(p, nullptr, budget, target);
-        add_shape(s);
+        // The heuristic's kernels, and those of the config tuned for each device of this target in the database
+        // (warm-up has no device to ask which one it will run on; a config the kernels no longer accept is skipped,
+        // as plan() falls back then).
+        add_shape(shape_with_config(p, nullptr, budget, target));
+        if (db)
+          for (const TileConfig& tuned : db->lookup_target(target, p)) {
+            const ShapeInfo s = shape_with_config(p, &tuned, budget, target);
+            if (shape_supported(family, s, nullptr)) add_shape(s);
+          }
       } catch (const std::exception& e) {
         res.errors.push_back(target + " " + describe(p) + ": " + first_line(e));
       }

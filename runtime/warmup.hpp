@@ -42,7 +42,7 @@ struct WarmupOptions {
   std::string out_dir;            ///< the cache directory written (required)
   int jobs = 0;                   ///< concurrent compiles; 0 = hardware threads
   bool dry_run = false;           ///< list kernels and keys, compile nothing
-  bool use_tuning_db = true;      ///< apply tuned configs as plan() will
+  bool use_tuning_db = true;      ///< also the configs tuned for each device of a target (plan() picks its own)
   std::string tuning_db;          ///< empty: default_tuning_db_path()
   std::string kernel_src_dir;     ///< empty: SMLA_KERNEL_SRC_DIR if set (what plan() uses), else the embedded sources
   std::string hip_worker;         ///< path hint for smla-hiprtc-worker

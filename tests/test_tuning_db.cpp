@@ -98,6 +98,27 @@ TEST(TuningDb, RuntimeVersionFollowsTheKernelSources) {
   EXPECT_NE(tuning_runtime_version(KernelSources(d.path)), v);
 }
 
+// An H100 and an H200 are both sm_90a: each keeps its own entry (a database shared over an NFS home served one's
+// measurements to the other), and the class names what it is.
+TEST(TuningDb, DevicesOfOneTargetKeepTheirOwnEntries) {
+  EXPECT_EQ(tuning_device_class("sm_90a", "NVIDIA H200", 132), "sm_90a/NVIDIA H200/132sm");
+  EXPECT_EQ(tuning_device_class("sm_90a", "odd;name/with=marks", 114), "sm_90a/odd_name_with_marks/114sm");
+  EXPECT_EQ(target_of_device_class("sm_90a/NVIDIA H200/132sm"), "sm_90a");
+  EXPECT_EQ(target_of_device_class("gfx950:sramecc+:xnack-"), "gfx950:sramecc+:xnack-");
+  TempDir dir;
+  TuningDb db(dir.path + "/tuning.json", "v1");
+  const std::string h100 = tuning_device_class("sm_90a", "NVIDIA H100 80GB HBM3", 132),
+                    h200 = tuning_device_class("sm_90a", "NVIDIA H200", 132);
+  db.store(h100, problem(4096), entry(32, 256, 0.9));
+  EXPECT_FALSE(db.lookup(h200, problem(4096))) << "the H100's entry served the H200";
+  db.store(h200, problem(4096), entry(64, 128, 0.8));
+  EXPECT_EQ(db.lookup(h100, problem(4096))->dq_block_h, 32);
+  EXPECT_EQ(db.lookup(h200, problem(4096))->dq_block_h, 64);
+  EXPECT_EQ(db.lookup_target("sm_90a", problem(4096)).size(), 2u);
+  EXPECT_TRUE(db.lookup_target("sm_90", problem(4096)).empty()) << "sm_90 is another target than sm_90a";
+  EXPECT_TRUE(db.lookup_target("sm_90a", problem(9000)).empty()) << "another T bucket";
+}
+
 TEST(TuningDb, StoreThenLookupInAnotherInstance) {
   TempDir d;
   const std::string path = d.path + "/sub/dir/tuning.json";  // parents are created

@@ -285,11 +285,12 @@ TEST(Warmup, DkvBodyFollowsTargetAndTunedConfig) {
   o.tuning_db = scratch.path + "/tuning.json";
   TuningEntry e;
   e.config.dkv_impl = 1;
-  TuningDb(o.tuning_db).store("sm_90a", seed_problem(), e);
-  const auto t90a = dkv_tags("sm_90a");
-  ASSERT_EQ(t90a.size(), 1u);
-  EXPECT_EQ(t90a[0].find("DKV_WGMMA"), std::string::npos) << "the tuned dkv_impl = 1 was not applied: " << t90a[0];
-  EXPECT_NE(t90a[0].find("BLOCK_R64-BLOCK_D256"), std::string::npos) << t90a[0];
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H200/132sm", seed_problem(), e);
+  const auto t90a = dkv_tags("sm_90a");  // the heuristic's (for the devices without an entry) and the tuned one
+  ASSERT_EQ(t90a.size(), 2u);
+  EXPECT_TRUE(wgmma({t90a[0]})) << t90a[0];
+  EXPECT_EQ(t90a[1].find("DKV_WGMMA"), std::string::npos) << "the tuned dkv_impl = 1 was not applied: " << t90a[1];
+  EXPECT_NE(t90a[1].find("BLOCK_R64-BLOCK_D256"), std::string::npos) << t90a[1];
 }
 
 // smla-tune may now store dq_impl 4 (the persistent producer body; faster than 3 at small top-k): warming from the
@@ -315,10 +316,22 @@ TEST(Warmup, TunedPersistentDqBodyIsWarmed) {
   EXPECT_EQ(heuristic[0].find("DQW_PERSIST1"), std::string::npos) << heuristic[0];
   TuningEntry e;
   e.config.dq_impl = 4;
-  TuningDb(o.tuning_db).store("sm_90a", seed_problem(), e);
-  const auto tuned = dq_tags(true);
-  ASSERT_EQ(tuned.size(), 1u);
-  EXPECT_NE(tuned[0].find("DQW_PERSIST1"), std::string::npos) << "the tuned dq_impl = 4 was not applied: " << tuned[0];
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H100 80GB HBM3/132sm", seed_problem(), e);
+  auto tuned = dq_tags(true);
+  ASSERT_EQ(tuned.size(), 2u);
+  EXPECT_EQ(tuned[0], heuristic[0]);
+  EXPECT_NE(tuned[1].find("DQW_PERSIST1"), std::string::npos) << "the tuned dq_impl = 4 was not applied: " << tuned[1];
+  // A second device of the same target with its own entry: its config is warmed too (warm-up cannot know which
+  // device will run); an entry of another target is not.
+  e.config.dq_impl = 1;
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H200/132sm", seed_problem(), e);
+  e.config.dq_impl = 2;
+  TuningDb(o.tuning_db).store("sm_90/NVIDIA H200/132sm", seed_problem(), e);
+  tuned = dq_tags(true);
+  ASSERT_EQ(tuned.size(), 3u);
+  EXPECT_EQ(std::count_if(tuned.begin(), tuned.end(),
+                          [](const std::string& t) { return t.find("DQ_WGMMA") == std::string::npos; }),
+            1) << "the H200's mma.sync body (dq_impl 1) was not warmed";
 }
 
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {

@@ -225,11 +225,12 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
   const size_t budget = smla::runtime_env().interm_budget;
   p.backend = smla::BackendKind::Cuda;
   smla::validate_problem(p);
-  const std::string target = rt.plan(p, smla::TileConfig{})->info().target;
+  const smla::PlanInfo probe = rt.plan(p, smla::TileConfig{})->info();
+  const std::string target = probe.target, device_class = probe.device_class;
   std::vector<Candidate> cands = candidates(p, budget, target);
   std::fprintf(stderr, "smla-tune: T=%lld H=%lld num_kv=%lld topk=%lld%s on %s: %zu candidates\n", (long long)p.T,
-               (long long)p.H, (long long)p.num_kv, (long long)p.topk, p.has_sink ? " sink" : "", target.c_str(),
-               cands.size());
+               (long long)p.H, (long long)p.num_kv, (long long)p.topk, p.has_sink ? " sink" : "",
+               device_class.c_str(), cands.size());
 
   // Compile every candidate's kernels at once, in parallel, into the user cache plan() reads.
   smla::WarmupOptions w;
@@ -275,7 +276,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
   for (const Candidate& c : cands)
     if (c.state == "timed" && (!best || c.ms < best->ms)) best = &c;
   nlohmann::json j{{"T", p.T},       {"H", p.H},        {"num_kv", p.num_kv}, {"topk", p.topk},
-                   {"sink", p.has_sink}, {"target", target}, {"candidates", cands.size()}, {"tried", tried}};
+                   {"sink", p.has_sink}, {"target", target}, {"device", device_class}, {"candidates", cands.size()}, {"tried", tried}};
   j["wrong"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "wrong"; });
   j["rejected"] = std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.state == "rejected"; });
   j["heuristic"] = {{"config", cfg_json(h.resolved)}, {"state", h.state}, {"ms", h.ms}};
@@ -297,7 +298,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
       e.heuristic_ms = h.ms;
       e.T_tuned = p.T;
       e.num_kv_tuned = p.num_kv;
-      db.store(target, p, e);
+      db.store(device_class, p, e);
       j["stored"] = db.path();
     }
   }
@@ -362,8 +363,9 @@ int main(int argc, char** argv) {
       "(default: the seed shape 4096,128,5120,512). Every candidate is first checked against the float64\n"
       "reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed\n"
       "at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
-      "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by target, H, topk,\n"
-      "sink, lse convention, dkv dtype and the power-of-two buckets of T and num_kv.");
+      "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by device (target,\n"
+      "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
+      "power-of-two buckets of T and num_kv.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)");

@@ -130,6 +130,7 @@ struct BadIndex {
 struct PlanInfo {
   std::string backend;
   std::string target;
+  std::string device_class;  ///< what the tuning database keys this device by: target/name/SMs ("sm_90a/NVIDIA H200/132sm")
   int64_t r_chunk = 0, n_chunks = 0;  ///< top-k slots a chunk, top-k chunks (within each token chunk)
   int64_t t_chunk = 0, t_chunks = 0;  ///< tokens a chunk, token chunks
   std::vector<std::string> kernels;  ///< entry names, in launch order

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "cuda_api.hpp"
+#include "../tuning_db.hpp"
 
 namespace smla::cuda {
 
@@ -92,6 +93,15 @@ std::string CudaBackend::target(int device) const {
   SMLA_CU(driver().DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   SMLA_CU(driver().DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   return target_for_cc(major, minor);
+}
+
+std::string CudaBackend::device_class(int device) const {
+  const CUdevice dev = device_handle(device);
+  char name[256] = {0};
+  int sms = 0;
+  SMLA_CU(driver().DeviceGetName(name, sizeof name - 1, dev));
+  SMLA_CU(driver().DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  return tuning_device_class(target(device), name, sms);
 }
 
 size_t CudaBackend::max_shared_memory(int device) const {

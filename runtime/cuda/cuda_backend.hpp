@@ -20,6 +20,8 @@ class CudaBackend : public Backend {
   bool usable(std::string* why) const override;
   int device_count() const override;
   std::string target(int device) const override;
+  /// target/name/SMs: an H100 and an H200 (both sm_90a) keep separate tuned entries.
+  std::string device_class(int device) const override;
   const RtcCompiler* compiler() const override { return &compiler_; }
   std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                      int device) override;
