@@ -43,18 +43,6 @@ int64_t mtime_ns(const std::string& path) {
   return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
-const std::string& host_name() {
-  static const std::string h = [] {
-    char buf[256] = {};
-    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
-    std::string s(buf);
-    for (char& c : s)
-      if (c == '/' || c == ' ') c = '_';
-    return s;
-  }();
-  return h;
-}
-
 std::string random_hex() {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
@@ -226,9 +214,21 @@ bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   return false;
 }
 
+const std::string& host_name() {
+  static const std::string h = [] {
+    char buf[256] = {};
+    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
+    std::string s(buf);
+    for (char& c : s)
+      if (c == '/' || c == ' ') c = '_';
+    return s;
+  }();
+  return h;
+}
+
 std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
 
-bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s) {
+bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s) {
   bool stale = age_ns > stale_s * 1000000000LL;
   // <host>.<pid>.<rand>; the host may itself contain dots.
   size_t d2 = tail.rfind('.');
@@ -244,7 +244,7 @@ bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s) {
   // and be publishing right now. An age is, since a publish takes well under a second. (A lock
   // held by the publisher would need flock, unreliable on the network filesystems shared caches
   // live on.)
-  return stale || (age_ns > kDeadOwnerGraceS * 1000000000LL && ::kill(pid_t(pid), 0) != 0 &&
+  return stale || (age_ns > dead_grace_s * 1000000000LL && ::kill(pid_t(pid), 0) != 0 &&
                    errno == ESRCH);
 }
 

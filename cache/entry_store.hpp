@@ -68,6 +68,8 @@ std::string dangling_symlink(const std::string& path);
 /// True when it is gone (or was already); false and *err when it could not be removed (e.g.
 /// another user's entry that is not writable by us).
 bool remove_entry(const Root& r, const std::string& name, std::string* err);
+/// This host's name as owner tags carry it ('/' and ' ' replaced; "host" when it has none).
+const std::string& host_name();
 /// "<host>.<pid>.<rand>": the tail of the names of this process's staging dirs and temp files
 /// (here and in the tuning database), which owner_gone() reads back.
 std::string owner_tag();
@@ -76,8 +78,8 @@ std::string owner_tag();
 constexpr int64_t kDeadOwnerGraceS = 600;
 /// Whether something named "...<tail>", `tail` an owner_tag() (a name without one: ""), last
 /// modified `age_ns` ago, is left over: its owner on this host is dead (and it is older than
-/// kDeadOwnerGraceS), or it is older than `stale_s` whoever made it. Never this process's.
-bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s);
+/// `dead_grace_s`), or it is older than `stale_s` whoever made it. Never this process's.
+bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s = kDeadOwnerGraceS);
 /// Nanoseconds since `path` was last modified (since 1970 when it cannot be stat'ed).
 int64_t age_ns(const std::string& path);
 /// Removes staging dirs, and probe dirs left in entries/ (probe_publish killed before its rmdir),

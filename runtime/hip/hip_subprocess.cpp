@@ -25,6 +25,7 @@
 #include <set>
 #include <thread>
 
+#include "../../cache/entry_store.hpp"
 #include "hip_log.hpp"
 #include "hiprtc_compiler.hpp"
 #include "smla/smla.hpp"
@@ -220,17 +221,7 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
 
 namespace detail {
 
-const std::string& host_name() {
-  static const std::string h = [] {
-    char buf[256] = {};
-    if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
-    std::string s(buf);
-    for (char& c : s)
-      if (c == '/' || c == ' ') c = '_';
-    return s;
-  }();
-  return h;
-}
+const std::string& host_name() { return cache::detail::host_name(); }
 
 int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, long min_age_s) {
   int removed = 0;
@@ -245,16 +236,10 @@ int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, lon
     if (name.size() == prefix.size() + 7 && name.compare(0, prefix.size() + 1, prefix + "-") == 0) {
       stale = age > 24 * 3600;  // the older spelling: no owner to ask
     } else if (name.compare(0, prefix.size() + 1, prefix + ".") == 0) {
-      // <prefix>.<host>.<pid>.<random>; the host may itself contain dots.
-      const std::string rest = name.substr(prefix.size() + 1);
-      const size_t d2 = rest.rfind('.');
-      const size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : rest.rfind('.', d2 - 1);
-      if (d1 == std::string::npos || d1 == 0) continue;
-      const std::string host = rest.substr(0, d1), pid_text = rest.substr(d1 + 1, d2 - d1 - 1);
-      char* e = nullptr;
-      const long pid = std::strtol(pid_text.c_str(), &e, 10);
-      if (host != host_name() || pid_text.empty() || *e || pid <= 0 || pid == getpid()) continue;
-      stale = age > min_age_s && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+      // <prefix>.<owner tag>: the disk cache's rule for its staging (owner on this host dead, and older than
+      // min_age_s), or untouched for a day whoever made it.
+      stale = cache::detail::owner_gone(name.substr(prefix.size() + 1), int64_t(age) * 1000000000LL, 86400,
+                                        min_age_s);
     }
     if (!stale) continue;
     std::error_code rec;

@@ -65,12 +65,13 @@ class TempDir {
 };
 
 namespace detail {
-/// This host's name as the temporary directories carry it ('/' and ' ' replaced).
+/// This host's name as the temporary directories carry it (the disk cache's owner tags: '/' and ' ' replaced).
 const std::string& host_name();
-/// Removes, under `dir`, this user's directories `<prefix>.<host>.<pid>.<random>` of this host
-/// whose process is gone (kill(pid, 0): ESRCH) and that nothing modified for `min_age_s` seconds (a
-/// dead pid alone is no proof: another PID namespace may share the host name), and those of the
-/// older spelling `<prefix>-XXXXXX` (no owner recorded) untouched for a day. Returns how many.
+/// Removes, under `dir`, this user's directories `<prefix>.<host>.<pid>.<random>` by the disk cache's rule for its
+/// staging (cache::detail::owner_gone): of this host, whose process is gone (kill(pid, 0): ESRCH) and that nothing
+/// modified for `min_age_s` seconds (a dead pid alone is no proof: another PID namespace may share the host name), or
+/// untouched for a day whoever made them; and those of the older spelling `<prefix>-XXXXXX` (no owner recorded)
+/// untouched for a day. Returns how many.
 int clean_stale_temp_dirs(const std::string& dir, const std::string& prefix, long min_age_s);
 /// How old a dead process's directory must be before TempDir removes it: an hour.
 constexpr long kStaleTempDirS = 3600;

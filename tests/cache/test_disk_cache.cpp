@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include "entry_store.hpp"
 #include "test_util.hpp"
 
 namespace smla::cache::test {
@@ -231,11 +232,8 @@ TEST(DiskCache, ManyPublishesUnderABoundStayFastAndBounded) {
 TEST(DiskCache, StaleStagingIsCleanedUp) {
   TempDir t;
   Settings s = settings_for(t);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  wait_exit(dead);
+  const std::string& host = smla::cache::detail::host_name();  // as owner tags spell it
+  const pid_t dead = dead_pid();
   std::string st = t / "cache/.staging/";
   fs::create_directories(st);
   std::string mine_dead = st + "stage." + host + "." + std::to_string(dead) + ".1";
@@ -268,11 +266,8 @@ TEST(DiskCache, StaleStagingIsCleanedUp) {
 TEST(DiskCache, ProbeDirsLeftByAKilledOpenAreCleanedUp) {
   TempDir t;
   Settings s = settings_for(t);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  wait_exit(dead);
+  const std::string& host = smla::cache::detail::host_name();  // as owner tags spell it
+  const pid_t dead = dead_pid();
   const std::string e = t / "cache/entries/.probe.", me = std::string(host) + ".";
   const std::string dead_old = e + me + std::to_string(dead) + ".1",
                     dead_new = e + me + std::to_string(dead) + ".2",

@@ -168,6 +168,15 @@ inline int wait_exit(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/// A pid that is certainly gone: a child that exited and was reaped (for owner tags of dead writers).
+inline pid_t dead_pid() {
+  std::fflush(nullptr);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  wait_exit(dead);
+  return dead;
+}
+
 /// Runs `fn` in a child process as uid/gid (a member of only that group, umask 002); returns
 /// what it reports ("" = all well). Needs root. gtest failures inside `fn` are not seen by the
 /// parent: `fn` must report them in its result.
