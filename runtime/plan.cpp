@@ -154,6 +154,10 @@ const char* dtype_name(DType d) {
 SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t workspace_size) const {
   const Backend& be = *backend_;
   const Problem& p = problem_;
+  // A plan made before a fork(), run in the child: say why CUDA cannot run there before any driver call fails.
+  std::string gone;
+  if (!be.usable(&gone))
+    SMLA_THROW(Status::NoBackend, "the " + be.name() + " backend this plan was made for is not usable now: " + gone);
   const int64_t H = p.H, D = 512;
   const TensorDTypes& dt = t.dtypes;
   check_dtype(dt.q, DType::BF16, "q");

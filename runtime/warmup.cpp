@@ -155,13 +155,17 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
       res.errors.push_back(target + ": no AMD kernel sources in this build (runtime/hip/kernels_hip.hpp is missing)");
       continue;
     }
+    // A target plan() would refuse (its syntax, its processor) first, whatever the compiler here; a dry run lists
+    // without compiling, so only that.
+    if (family == "hip" && !hip::hip_target_supported(target, &why)) {
+      res.errors.push_back(target + ": " + why);
+      continue;
+    }
     if (!rtc->available(&why)) {
       res.errors.push_back(target + ": the " + family + " run-time compiler cannot be loaded: " + why);
       continue;
     }
-    // A dry run lists without compiling, but not for a target plan() would refuse (its syntax, its processor).
-    if (family == "hip" && (opts.dry_run ? !hip::hip_target_supported(target, &why)
-                                         : !hip::hip_target_known(target, &why, opts.hip_worker))) {
+    if (family == "hip" && !opts.dry_run && !hip::hip_target_known(target, &why, opts.hip_worker)) {
       res.errors.push_back(target + ": " + why);
       continue;
     }

@@ -79,6 +79,25 @@ int scenario(const std::string& name) {
     std::printf("parent ok=%d why=%s\n", int(d.ok), d.why.c_str());
     return fork_and_report();
   }
+  if (name == "fork-after-plan") {  // a CUDA plan made before the fork, run in the child (real driver only)
+    Runtime rt;
+    auto plan = rt.plan(make_problem(BackendKind::Cuda, kTiny));
+    std::fflush(stdout);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      try {
+        plan->run(Tensors{}, nullptr, 0, nullptr);
+        std::printf("child run=accepted\n");
+      } catch (const Error& e) {
+        std::printf("child run=%s: %s\n", status_name(e.status()), e.what());
+      }
+      std::fflush(stdout);
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
   if (name == "cuda-parent" || name == "cuda-parent-real") {  // the parent initialises CUDA itself, smla the child
     void* h = dlopen(name == "cuda-parent" ? SMLA_STUB_LIBCUDA : "libcuda.so.1", RTLD_NOW);
     auto init = h ? reinterpret_cast<int (*)(unsigned)>(dlsym(h, "cuInit")) : nullptr;
@@ -96,7 +115,7 @@ std::string run_scenario(const std::string& name, bool stub = true) {
   if (n <= 0) return "readlink failed";
   self[n] = 0;
   const std::string cmd = std::string(stub ? "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' " : "") +
-                          "SMLA_LOG_LEVEL=error '" + self + "' --scenario " + name + " 2>&1";
+                          "SMLA_LOG_LEVEL=error timeout 60 '" + self + "' --scenario " + name + " 2>&1";
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "popen failed";
@@ -140,6 +159,9 @@ TEST(DriverFork, WithTheRealDriver) {
   EXPECT_TRUE(has(out, "child ok=0\n")) << out;
   EXPECT_TRUE(has(out, "child plan cuda=no backend")) << out;
   EXPECT_TRUE(has(out, "child auto=cpu\n")) << out;
+  out = run_scenario("fork-after-plan", false);
+  EXPECT_TRUE(has(out, "child run=no backend")) << out;  // before any driver call, with the reason
+  EXPECT_TRUE(has(out, "before it forked this one")) << out;
   out = run_scenario("cuda-parent-real", false);
   ASSERT_TRUE(has(out, "parent cuInit=0")) << out;
   EXPECT_TRUE(has(out, "child ok=0\n")) << out;  // whatever the driver answers a child, smla must not call it usable

@@ -33,8 +33,8 @@ int run_tool(const char* name, Body&& body) {
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
-                 "%s: out of host memory (std::bad_alloc): the problem's host tensors (inputs, reference, outputs) do not "
-                 "fit here; a smaller T or num_kv will\n",
+                 "%s: out of host memory (std::bad_alloc): what this run needs does not fit here (for a tool that makes "
+                 "tensors, the problem's inputs, reference and outputs: a smaller T or num_kv)\n",
                  name);
     return 2;
   } catch (const std::exception& e) {

@@ -16,7 +16,7 @@ struct CudaKernel : LoadedKernel {
   int device = 0;
   unsigned sms = 0;  // the device's SMs, for a persistent kernel's grid (KernelSpec::persistent)
   ~CudaKernel() override {
-    if (!module) return;
+    if (!module || !driver().ok) return;  // a forked child: the driver is not to be called
     try {  // best effort: a destructor must not throw
       ContextScope use(ctx);
       driver().ModuleUnload(module);
@@ -37,6 +37,10 @@ std::string target_for_cc(int major, int minor) {
 CudaBackend::CudaBackend() = default;
 
 CudaBackend::~CudaBackend() {
+  // Never opened: nothing was retained (and opening it here would initialise CUDA in a CPU-only process). A forked
+  // child (or no driver): nothing of the parent's may be released here.
+  const Driver* d = driver_if_opened();
+  if (!d || !d->ok) return;
   for (size_t i = 0; i < side_.size() && i < ctx_.size(); ++i) {  // best effort: a destructor must not throw
     if (!ctx_[i]) continue;
     try {

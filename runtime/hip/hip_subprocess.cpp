@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../../cache/entry_store.hpp"
+#include "hip_api.hpp"
 #include "hip_log.hpp"
 #include "hiprtc_compiler.hpp"
 #include "smla/smla.hpp"
@@ -188,15 +189,20 @@ bool executable(const fs::path& p) {
 
 std::vector<std::string> worker_environment(const char* const* env) {
   std::vector<std::string> out;
-  bool user_set = false;
+  bool user_set = false, libhip_set = false;
   for (; env && *env; ++env) {
     out.emplace_back(*env);
     user_set = user_set || out.back().rfind("AMD_COMGR_CACHE=", 0) == 0;
+    libhip_set = libhip_set || out.back().rfind("SMLA_LIBHIP=", 0) == 0;
   }
   // comgr (ROCm >= 7) keeps its own on-disk cache by default, under ours: redundant, and it
   // crashed with SIGBUS on NFS under contention (CACHE-LESSONS.md). Off unless the user chose.
   // Older comgr ignores the variable.
   if (!user_set) out.emplace_back("AMD_COMGR_CACHE=0");
+  // The worker compiles with the HIP runtime (and the hipRTC beside it) this process uses, one already loaded here
+  // (a framework's) included: the binary, the cache key's identity and the runtime that loads it agree.
+  if (!libhip_set)
+    if (const Api* api = Api::get(); api && !api->hip_library.empty()) out.emplace_back("SMLA_LIBHIP=" + api->hip_library);
   return out;
 }
 

@@ -35,7 +35,8 @@ double parse_timeout_s(const char* v, std::string* warning);
 }  // namespace detail
 
 /// The environment `env` (NULL-terminated, like environ) plus AMD_COMGR_CACHE=0 unless it sets
-/// AMD_COMGR_CACHE: what a hipRTC worker runs with.
+/// AMD_COMGR_CACHE, and SMLA_LIBHIP naming the HIP runtime this process opened unless it sets
+/// SMLA_LIBHIP: what a hipRTC worker runs with.
 std::vector<std::string> worker_environment(const char* const* env);
 
 /// Runs each argv (argv[0] is the executable path) with at most `jobs` at once, in the

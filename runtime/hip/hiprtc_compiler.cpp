@@ -128,12 +128,28 @@ std::string rocm_hint(const std::string& target) {
 }
 
 // One source compiled in a worker process: a compile error is reported as the in-process compile reports it (the
-// worker's log is that message), any other end of the worker (a signal: hipRTC or LLVM aborted) names it.
-CompileResult compile_in_worker(const RenderedSource& src, const std::string& target, const std::string& exe) {
+// worker's log is that message), any other end of the worker (a signal: hipRTC or LLVM aborted) names it. Nothing
+// when the worker could not open hipRTC (exit 4) where this process could (a HIP runtime only this process has,
+// e.g. a framework's bundled one): the caller compiles here then.
+std::optional<CompileResult> compile_in_worker(const RenderedSource& src, const std::string& target,
+                                               const std::string& exe) {
   std::vector<HipWorkerResult> r = hip_compile_in_subprocesses({src}, target, 1, exe);
   if (r.at(0).ok) return std::move(r[0].result);
   if (r[0].exit_status == 2 && !r[0].result.log.empty())
     throw Error(Status::CompileError, r[0].result.log, __FILE__, __LINE__, "hiprtcCompileProgram");
+  if (r[0].exit_status == 4) {
+    detail::warn_once("smla-hiprtc-worker (" + exe + ") cannot open hipRTC (" + r[0].error +
+                      "): hipRTC compiles in this process, where a compiler crash ends the process");
+    return std::nullopt;
+  }
+  if (r[0].exit_status == 3 || r[0].exit_status == 5)  // the source is not at fault: no dump
+    throw Error(Status::CompileError,
+                "smla-hiprtc-worker (" + exe + ") did not compile " + src.name + " for " + target + ": " +
+                    r[0].error +
+                    (r[0].exit_status == 3 ? " (a worker of another smla version? SMLA_HIPRTC_WORKER names the one "
+                                             "to use)"
+                                           : ""),
+                __FILE__, __LINE__, "hiprtcCompileProgram");
   const std::string dumped = detail::dump_failed_source(src, target);
   throw Error(Status::CompileError,
               "smla-hiprtc-worker (" + exe + ") failed to compile " + src.name + " for " + target + ": " +
@@ -421,7 +437,9 @@ CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::stri
     // itself runs in a worker too, so nothing is risked by going on.
     if (detail::probe_target(target, &why, exe) == detail::ProbeVerdict::Refused)
       throw Error(Status::CompileError, why, __FILE__, __LINE__, "hiprtcCompileProgram");
-    return compile_in_worker(src, target, exe);
+    if (std::optional<CompileResult> r = compile_in_worker(src, target, exe)) return std::move(*r);
+    std::lock_guard<std::mutex> lk(compile_mutex());  // the worker has no hipRTC: here, as without one
+    return compile_locked(api, src, target, options(target));
   }
   // No worker: this process compiles, and a hipRTC abort would end it. Refuse what this ROCm is
   // known to be too old for (hipRTC 5.x aborts on an unknown processor), warn about the rest.
@@ -495,7 +513,8 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
     } else {
       out[i].error = st[i].describe();
       if (st[i].lost) out[i].error += "; it wrote no status file: it died before finishing";
-      if (st[i].exited && st[i].code == 2) out[i].error += "; " + out[i].result.log;
+      // Exit 2: the compile's log; 4: why hipRTC could not be opened (both written to the log file).
+      if (st[i].exited && (st[i].code == 2 || st[i].code == 4)) out[i].error += "; " + out[i].result.log;
       // What the worker printed (an LLVM fatal error, a libc abort) says why it died.
       std::vector<uint8_t> printed = read_file(base + ".out");
       std::string text(printed.begin(), printed.end());

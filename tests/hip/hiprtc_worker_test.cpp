@@ -81,6 +81,42 @@ TEST(HipRtcWorker, AWorkerCrashDoesNotTakeThisProcessDown) {
   std::cout << "[ note ] gfx908 + bf16_1k MFMA: " << r[0].error.substr(0, 200) << "\n";
 }
 
+// A worker that cannot open hipRTC where this process can (a HIP runtime only this process holds): its reason is
+// named, and plan()'s compile goes on here instead of failing every kernel. A worker that refuses its arguments (of
+// another smla version) is named as such, with no source dumped.
+TEST(HipRtcWorker, AWorkerWithoutHipRtcFallsBackToThisProcess) {
+  SMLA_REQUIRE_HIPRTC();
+  TempDir dir("smla-test");
+  const std::string no_rtc = test::probe_passing_worker(
+      dir.path(), "no-rtc", "eval log=\\${$#}\nprintf 'libamdhip64 not found (fake)' > \"$log\"\nexit 4");
+  auto r = hip_compile_in_subprocesses({test::mfma_source("smla_fallback")}, "gfx90a", 1, no_rtc);
+  EXPECT_EQ(r[0].exit_status, 4);
+  EXPECT_NE(r[0].error.find("libamdhip64 not found (fake)"), std::string::npos) << r[0].error;
+  const CompileResult c = HipRtcCompiler(true, no_rtc).compile(test::mfma_source("smla_fallback"), "gfx90a");
+  EXPECT_GT(c.binary.size(), 4u);
+  const std::string old = test::probe_passing_worker(dir.path(), "old", "echo 'usage: smla-hiprtc-worker ...' >&2\nexit 3");
+  try {
+    HipRtcCompiler(true, old).compile(test::mfma_source("smla_old"), "gfx90a");
+    ADD_FAILURE() << "a worker refusing its arguments compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("another smla version"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("source dumped"), std::string::npos) << e.message();
+  }
+}
+
+// Workers open the HIP runtime this process uses (one a framework already loaded included), unless the user named one.
+TEST(HipRtcWorker, WorkersAreToldWhichHipRuntimeThisProcessUses) {
+  SMLA_REQUIRE_HIPRTC();
+  const std::string lib = Api::get()->hip_library;
+  const char* base[] = {"PATH=/bin", nullptr};
+  EXPECT_TRUE(test::contains(worker_environment(base), "SMLA_LIBHIP=" + lib)) << lib;
+  const char* user[] = {"SMLA_LIBHIP=/opt/rocm/lib/libamdhip64.so.6", nullptr};
+  const std::vector<std::string> env = worker_environment(user);
+  EXPECT_EQ(std::count_if(env.begin(), env.end(), [](const std::string& e) { return e.rfind("SMLA_LIBHIP=", 0) == 0; }),
+            1);
+  EXPECT_TRUE(test::contains(env, "SMLA_LIBHIP=/opt/rocm/lib/libamdhip64.so.6"));
+}
+
 TEST(HipRtcWorker, MissingWorkerIsAClearError) {
   try {
     hip_compile_in_subprocesses({test::mfma_source("x")}, "gfx90a", 1, "/nonexistent/smla-hiprtc-worker");
@@ -109,7 +145,14 @@ TEST(HipRtcWorker, AHungWorkerIsKilledAfterTheTimeout) {
   const pid_t pid = static_cast<pid_t>(std::atol(test::read_text(pid_file).c_str()));
   ASSERT_GT(pid, 0);
   EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " still exists";
-  // The compile plan() runs fails the same way, in time.
+}
+
+// The compile plan() runs fails the same way, in time (it needs hipRTC here: the compiler opens it first).
+TEST(HipRtcWorker, APlanCompileWithAHungWorkerFailsInTime) {
+  SMLA_REQUIRE_HIPRTC();
+  TempDir dir("smla-test");
+  const std::string worker = test::write_script(dir.path(), "smla-hiprtc-worker", "exec sleep 30");
+  test::ScopedEnv timeout("SMLA_HIPRTC_TIMEOUT_S", "1");
   try {
     HipRtcCompiler(true, worker).compile(test::mfma_source("smla_hung"), "gfx90a");
     ADD_FAILURE() << "a hung worker compiled";
