@@ -196,21 +196,49 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
     // the publish is race-safe).
     std::string ld;
     const char* netfs = network_fs_of(s_.dir);
-    if (!s_.lock_dir.empty() || netfs) {
+    auto node_local = [&] {
       ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
-      std::string canon = fs::weakly_canonical(s_.dir, ec).string();
+      std::error_code cec;
+      std::string canon = fs::weakly_canonical(s_.dir, cec).string();
       I.lock_prefix = ld + "/" + hash_hex(canon).substr(0, 8) + "-";
+    };
+    // The lock directory where this process can create lock files: a writable directory.
+    auto usable_dir = [&](std::string* why) {
+      std::error_code mec;
+      fs::create_directories(ld, mec);
+      if (!fs::is_directory(ld, mec)) {
+        *why = "cannot create it" + (mec ? ": " + mec.message() : std::string());
+        return false;
+      }
+      if (::access(ld.c_str(), W_OK | X_OK) != 0) {
+        *why = std::string("not writable here: ") + std::strerror(errno);
+        return false;
+      }
+      return true;
+    };
+    std::string why;
+    if (!s_.lock_dir.empty() || netfs) {
+      node_local();
       if (netfs && s_.lock_dir.empty())
         log().debug("smla-cache: {} is on {}: compile locks in {} (node-local)", s_.dir, netfs, ld);
     } else {
       ld = s_.dir + "/.locks";
       I.lock_prefix = ld + "/";
+      std::error_code mec;
+      const bool made = !fs::exists(ld, mec) && fs::create_directories(ld, mec);
+      // Made here: shared as the cache root is (group write and setgid of a group's cache), whatever this process's
+      // umask; else one member's umask 022 would leave every other member without locks.
+      struct stat root {};
+      if (made && ::stat(s_.dir.c_str(), &root) == 0) ::chmod(ld.c_str(), root.st_mode & 07777);
+      if (!usable_dir(&why)) {
+        log().warn("smla-cache: lock directory {} {}; compile locks in /tmp instead (node-local)", ld, why);
+        node_local();
+      }
     }
-    fs::create_directories(ld, ec);
-    if (!fs::is_directory(ld, ec)) {
+    if (!usable_dir(&why)) {
       I.lock_prefix.clear();
-      log().warn("smla-cache: cannot create lock directory {}; ranks may compile the same kernel "
-                 "concurrently (harmless, slower)", ld);
+      log().warn("smla-cache: lock directory {} {}; ranks may compile the same kernel concurrently (harmless, "
+                 "slower)", ld, why);
     }
   }
 }

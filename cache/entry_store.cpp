@@ -304,7 +304,8 @@ const char* network_fs_type(long f_type) {
 
 const char* network_fs_of(const std::string& path) {
   struct statfs sf {};
-  if (::statfs(path.c_str(), &sf) != 0) return nullptr;
+  // A filesystem that cannot say what it is (EIO on a soft NFS mount) is not trusted with locks either.
+  if (::statfs(path.c_str(), &sf) != 0) return ::access(path.c_str(), F_OK) == 0 ? "unknown (statfs failed)" : nullptr;
   return network_fs_type(long(sf.f_type));
 }
 

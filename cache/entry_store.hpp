@@ -89,7 +89,8 @@ int clean_stale_staging(const Root& r, int64_t stale_s);
 /// The name of a network or cluster filesystem type (statfs f_type: "nfs", "lustre", "fuse", ...),
 /// where flock may not work or not across nodes; nullptr for a local one (or an unknown type).
 const char* network_fs_type(long f_type);
-/// network_fs_type() of the filesystem holding `path`; nullptr when local or when statfs fails.
+/// network_fs_type() of the filesystem holding `path`; nullptr when local or when `path` does not exist;
+/// "unknown (statfs failed)" when it exists but statfs fails (treated as not local).
 const char* network_fs_of(const std::string& path);
 
 /// A verified entry or why it is not one. `missing`: no such entry (a plain miss, not corrupt).

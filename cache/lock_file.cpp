@@ -57,10 +57,14 @@ int open_registered(const std::string& path, bool create, int* err) {
   for (;;) {
     const uint64_t gen = g_forks.load();
     int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0666);
-    // Another user's file in a shared directory, created without group write: flock needs only
-    // an open descriptor.
-    if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     *err = errno;
+    // Another user's file in a shared directory, created without group write: flock needs only
+    // an open descriptor. When that fails too, the first open's reason is the one to report
+    // (EACCES on the directory, not the retry's ENOENT).
+    if (fd < 0 && *err == EACCES) {
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) *err = 0;
+    }
     if (fd < 0) return fd;
     pthread_mutex_lock(&g_mu);
     const bool forked = g_forks.load() != gen;
@@ -120,6 +124,8 @@ LockFile::Result LockFile::acquire(const std::string& path, double timeout_s,
       if (still_at_path(fd_, path)) return Acquired;
       release();  // removed while we waited: lock whatever file the path names now
       if (std::chrono::steady_clock::now() >= deadline) return TimedOut;
+      // Not a spin where stat and fstat never agree (an odd filesystem): a short pause between tries.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
       continue;
     }
     if (errno != EWOULDBLOCK && errno != EINTR) return fail("cannot lock", errno);

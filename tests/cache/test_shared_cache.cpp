@@ -29,6 +29,49 @@ TEST(SharedCache, Umask002MakesEntriesGroupWritable) {
   }
 }
 
+// The lock directory inside a group's cache is made as shared as the cache, whoever makes it: a member with umask
+// 022 made it 02755 and every other member compiled without locks (one debug line each), for good.
+TEST(SharedCache, TheLockDirectoryIsSharedAsTheCacheIs) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two users of one group";
+  const uid_t alice = 54331, bob = 54332;
+  const gid_t group = 54330;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const std::string dir = t / "cache";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0775), 0);
+  ASSERT_EQ(::chown(dir.c_str(), 0, group), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 02775), 0);
+  for (const char* sub : {"/entries", "/.staging"}) {  // as the group's admin set them up; .locks left to the users
+    const std::string d = dir + sub;
+    ASSERT_EQ(::mkdir(d.c_str(), 02775), 0);
+    ASSERT_EQ(::chown(d.c_str(), 0, group), 0);
+    ASSERT_EQ(::chmod(d.c_str(), 02775), 0);
+  }
+  Settings s;
+  s.dir = dir;
+  s.lock = true;
+  s.lock_dir = "";  // the default: <cache>/.locks
+  s.max_bytes = 0;
+  auto compile = [&](const char* key) {
+    DiskCache c(s);
+    FakeCompiler fc;
+    KeyFields f = fields(key);
+    return c.get_or_compile(f, fc.fn(f)).origin == Origin::Compiled ? "" : "not compiled";
+  };
+  EXPECT_EQ(run_as(alice, group, [&] {
+              ::umask(022);
+              return std::string(compile("k_alice"));
+            }), "");
+  const std::string locks = dir + "/.locks";
+  struct stat st {};
+  ASSERT_EQ(::stat(locks.c_str(), &st), 0);
+  EXPECT_TRUE((st.st_mode & S_IWGRP) && (st.st_mode & S_ISGID)) << "mode " << std::oct << (st.st_mode & 07777);
+  EXPECT_EQ(run_as(bob, group, [&] { return std::string(compile("k_bob")); }), "");
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(locks)) n += e.path().extension() == ".lock";
+  EXPECT_EQ(n, 2u) << "bob took no lock in the group's lock directory";
+}
+
 // Two users of one group on one cache: the second replaces the first's bad entry, refreshes
 // its good one on a hit, and evicts it. Before group-writable creation, the removal failed
 // silently: the bad entry stayed and was reported as replaced.
