@@ -691,9 +691,7 @@ TEST(TuningDb, SharedGroupDatabaseWritableByASecondUser) {
   TempDir d;
   ASSERT_EQ(::chmod(d.path.c_str(), 0755), 0);
   const std::string shared = d.path + "/shared", path = shared + "/sub/tuning.json";  // sub/ made by the first user
-  ASSERT_EQ(::mkdir(shared.c_str(), 0775), 0);
-  ASSERT_EQ(::chown(shared.c_str(), 0, kGroup), 0);
-  ASSERT_EQ(::chmod(shared.c_str(), 02775), 0);
+  ASSERT_EQ(cache::test::group_dir(shared, kGroup), "");
   auto store_as = [&path](uid_t uid, int64_t topk, int bh) {
     return cache::test::run_as(uid, kGroup, [&] {
       try {

@@ -38,15 +38,9 @@ TEST(SharedCache, TheLockDirectoryIsSharedAsTheCacheIs) {
   TempDir t;
   ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
   const std::string dir = t / "cache";
-  ASSERT_EQ(::mkdir(dir.c_str(), 0775), 0);
-  ASSERT_EQ(::chown(dir.c_str(), 0, group), 0);
-  ASSERT_EQ(::chmod(dir.c_str(), 02775), 0);
-  for (const char* sub : {"/entries", "/.staging"}) {  // as the group's admin set them up; .locks left to the users
-    const std::string d = dir + sub;
-    ASSERT_EQ(::mkdir(d.c_str(), 02775), 0);
-    ASSERT_EQ(::chown(d.c_str(), 0, group), 0);
-    ASSERT_EQ(::chmod(d.c_str(), 02775), 0);
-  }
+  ASSERT_EQ(group_dir(dir, group), "");
+  for (const char* sub : {"/entries", "/.staging"})  // as the group's admin set them up; .locks left to the users
+    ASSERT_EQ(group_dir(dir + sub, group), "");
   Settings s;
   s.dir = dir;
   s.lock = true;
@@ -83,9 +77,7 @@ TEST(SharedCache, AnotherMemberReplacesRefreshesAndEvicts) {
   ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
   const std::string dir = t / "cache";
   // The group directory: setgid, so everything below belongs to the group.
-  ASSERT_EQ(::mkdir(dir.c_str(), 0775), 0);
-  ASSERT_EQ(::chown(dir.c_str(), 0, group), 0);
-  ASSERT_EQ(::chmod(dir.c_str(), 02775), 0);
+  ASSERT_EQ(group_dir(dir, group), "");
   Settings s;
   s.dir = dir;
   s.lock = false;

@@ -168,6 +168,14 @@ inline int wait_exit(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/// Makes `path` a group's shared directory: owned by root and `group`, mode 02775 (setgid: what is made below belongs
+/// to the group). "" when done, else what failed.
+inline std::string group_dir(const std::string& path, gid_t group) {
+  if (::mkdir(path.c_str(), 0775) != 0) return "mkdir " + path + " failed";
+  if (::chown(path.c_str(), 0, group) != 0 || ::chmod(path.c_str(), 02775) != 0) return "chown/chmod " + path + " failed";
+  return "";
+}
+
 /// A pid that is certainly gone: a child that exited and was reaped (for owner tags of dead writers).
 inline pid_t dead_pid() {
   std::fflush(nullptr);
