@@ -2,7 +2,7 @@
 # (Debian packages, as root), builds, and runs.
 BUILD ?= build
 JOBS  ?= $(shell nproc)
-DEB_PACKAGES = cmake g++ make libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libcli11-dev \
+DEB_PACKAGES = cmake g++ make pkgconf libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libcli11-dev \
                nlohmann-json3-dev libamdhip64-dev hipcc rocm-device-libs librocprim-dev
 
 .PHONY: deps build test demo clean

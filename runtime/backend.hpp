@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "phases.hpp"
+#include "smla/smla.hpp"  // smla::Error: declared first there, where it is exported (a bare forward declaration
+                          // here made its type information hidden in libsmla.so)
 #include "../kernel_src/smla_params.h"
 
 namespace smla {
-
-class Error;
 
 /// A translation unit ready for a run-time compiler: the constants, then the kernel source.
 /// Headers it includes from kernel_src/ travel alongside (name, content), so the compile never

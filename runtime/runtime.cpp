@@ -23,7 +23,8 @@
 
 namespace smla {
 
-struct Runtime::Impl {
+// Private to libsmla.so, though nested in an exported class.
+struct __attribute__((visibility("hidden"))) Runtime::Impl {
   RuntimeOptions opts;
   KernelSources sources;
   TuningDb tuning;  // tuned tile choices, looked up by plan() when no explicit config is given

@@ -22,6 +22,13 @@
 #define SMLA_VERSION_PATCH 0
 #define SMLA_VERSION (SMLA_VERSION_MAJOR * 10000 + SMLA_VERSION_MINOR * 100 + SMLA_VERSION_PATCH)
 
+/* libsmla.so is built with hidden visibility: only what this header (and smla.hpp) declares is exported, so that
+   the spdlog, fmt, nlohmann-json and xxHash compiled into it never bind to, or stand in for, a host program's own. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#define SMLA_H_VISIBILITY_PUSHED
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -128,5 +135,9 @@ const char* smla_status_string(smla_status_t s);
 
 #ifdef __cplusplus
 }
+#endif
+#ifdef SMLA_H_VISIBILITY_PUSHED
+#pragma GCC visibility pop
+#undef SMLA_H_VISIBILITY_PUSHED
 #endif
 #endif /* SMLA_H */

@@ -15,6 +15,12 @@
 #include <string>
 #include <vector>
 
+// Exported from libsmla.so (built with hidden visibility, see smla.h); the rest of the library stays private to it.
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#define SMLA_HPP_VISIBILITY_PUSHED
+#endif
+
 namespace smla {
 
 /// Status codes shared with the C API (smla.h).
@@ -228,3 +234,8 @@ class Runtime {
 };
 
 }  // namespace smla
+
+#ifdef SMLA_HPP_VISIBILITY_PUSHED
+#pragma GCC visibility pop
+#undef SMLA_HPP_VISIBILITY_PUSHED
+#endif
