@@ -4,6 +4,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <limits>
+#include <string>
+#include <system_error>
+#include <vector>
+
 #define SMLA_TOOL_PARSE(app, argc, argv)               \
   do {                                                 \
     try {                                              \
@@ -12,3 +18,33 @@
       return (app).exit(smla_parse_error) == 0 ? 0 : 2; \
     }                                                  \
   } while (0)
+
+namespace smla::tools {
+
+/// The transform every integer option of the tools takes: plain decimal digits (a '-' only for a signed type) whose
+/// value fits the option's type, rewritten without leading zeros. CLI11 (2.1) converts with strtoull/strtoll in base
+/// 0 and does not look at ERANGE: a --seed of -1 wrapped to 2^64 - 1, one of 99999999999999999999 saturated to the
+/// same value (three spellings, one set of inputs, none of them the one asked for), and "010" was octal 8.
+/// Usage: app.add_option("--seed", o.seed, ...)->transform(tools::decimal(o.seed)).
+template <class T>
+CLI::Validator decimal(const T&) {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        T v{};
+        const char* end = s.data() + s.size();
+        const std::from_chars_result r = std::from_chars(s.data(), end, v);
+        if (s.empty() || r.ec != std::errc() || r.ptr != end)
+          return "'" + s + "' is not a decimal integer from " + std::to_string(std::numeric_limits<T>::min()) +
+                 " to " + std::to_string(std::numeric_limits<T>::max());
+        s = std::to_string(v);
+        return "";
+      },
+      "");
+}
+/// A list option (e.g. --dq-impl 2,3): each element as above.
+template <class T>
+CLI::Validator decimal(const std::vector<T>&) {
+  return decimal(T{});
+}
+
+}  // namespace smla::tools

@@ -372,15 +372,19 @@ int main(int argc, char** argv) {
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default on)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)");
-  app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")->check(CLI::Range(1, 4096));
-  app.add_option("--warmup", o.warmup, "untimed runs per candidate (default 3)");
-  app.add_option("--repeat", o.repeat, "timed runs per candidate, median taken (default 10)")->check(CLI::Range(1, 1000));
+  app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")
+      ->transform(smla::tools::decimal(o.check_t))
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--warmup", o.warmup, "untimed runs per candidate (default 3)")->transform(smla::tools::decimal(o.warmup));
+  app.add_option("--repeat", o.repeat, "timed runs per candidate, median taken (default 10)")
+      ->transform(smla::tools::decimal(o.repeat))
+      ->check(CLI::Range(1, 1000));
   app.add_option("--tuning-db", o.tuning_db,
                  "tuning database file to store into; plan() reads $SMLA_TUNING_DB (else the default), so a job that "
                  "is to use a file given here needs SMLA_TUNING_DB set to it");
   app.add_flag("--no-store", o.no_store, "measure only; leave the database alone");
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
-  app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-tune", [&] { return run(o); });
 }

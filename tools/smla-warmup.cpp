@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
   app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present); a plain gfx* "
                  "warms its xnack- and xnack+ ids, gfx90a:xnack+ only that one")
       ->delimiter(',');
-  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)");
+  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)")->transform(smla::tools::decimal(o.jobs));
   app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR, else $XDG_CACHE_HOME/smla, else "
                  "~/.cache/smla)");
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
