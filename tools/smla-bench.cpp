@@ -41,12 +41,19 @@ struct Options {
 };
 
 // What each backend can do here: usable (devices, target), can compile (with which compiler build: the cache key's
-// identity, so two machines can be compared before a cache warmed on one is carried to the other).
-int print_backends() {
+// identity, so two machines can be compared before a cache warmed on one is carried to the other). With --json, one
+// JSON object {"backends": [...]} (the text lines were printed under --json too, which no JSON reader takes).
+int print_backends(bool json) {
   smla::Runtime rt;
-  for (const smla::BackendStatus& b : rt.backends())
-    std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
-                b.detail.c_str());
+  nlohmann::json all = nlohmann::json::array();
+  for (const smla::BackendStatus& b : rt.backends()) {
+    if (json)
+      all.push_back({{"name", b.name}, {"usable", b.usable}, {"can_compile", b.can_compile}, {"detail", b.detail}});
+    else
+      std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
+                  b.detail.c_str());
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"backends", all}}.dump().c_str());
   return 0;
 }
 
@@ -382,8 +389,9 @@ int main(int argc, char** argv) {
       ->transform(smla::tools::decimal(o.rounds))
       ->check(CLI::Range(1, 100));
   app.add_flag("--backends", o.backends,
-               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit");
+               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit (with --json: "
+               "one JSON object)");
   SMLA_TOOL_PARSE(app, argc, argv);
-  if (o.backends) return smla::tools::run_tool("smla-bench", print_backends);
+  if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); });
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }
