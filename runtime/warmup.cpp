@@ -56,13 +56,17 @@ std::string first_line(const std::exception& e) {
   return out;
 }
 
-std::string describe(const Problem& p) {
+}  // namespace
+
+std::string describe_problem(const Problem& p) {
   std::ostringstream s;
   s << "T=" << p.T << " H=" << p.H << " num_kv=" << p.num_kv << " topk=" << p.topk;
   if (p.r_chunk) s << " r_chunk=" << p.r_chunk;
   if (p.has_sink) s << " sink";
   return s.str();
 }
+
+namespace {
 
 struct Job {
   size_t item;
@@ -218,7 +222,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
             if (shape_supported(family, s, nullptr)) add_shape(s);
           }
       } catch (const std::exception& e) {
-        res.errors.push_back(target + " " + describe(p) + ": " + first_line(e));
+        res.errors.push_back(target + " " + describe_problem(p) + ": " + first_line(e));
       }
     }
   }
