@@ -356,11 +356,13 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--check", o.check, "compare with the float64 reference (exit 1 when off the bar)");
   app.add_flag("--json", o.json, "one JSON object per run on its own line");
-  app.add_flag("--breakdown", o.breakdown,
-               "time each phase on its own, and compare end to end with a dense bf16 GEMM (cuBLAS) timed here");
+  CLI::Option* breakdown = app.add_flag(
+      "--breakdown", o.breakdown,
+      "time each phase on its own, and compare end to end with a dense bf16 GEMM (cuBLAS) timed here");
   app.add_option("--gemm-n", o.gemm_n, "size n of the n x n x n GEMM of --breakdown")
       ->transform(smla::tools::decimal(o.gemm_n))
-      ->check(CLI::Range(16, 32768));
+      ->check(CLI::Range(16, 32768))
+      ->needs(breakdown);  // without it no GEMM runs: the option was ignored, silently
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)")
       ->transform(smla::tools::decimal(o.warmup))

@@ -153,7 +153,9 @@ int main(int argc, char** argv) {
   app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present); a plain gfx* "
                  "warms its xnack- and xnack+ ids, gfx90a:xnack+ only that one")
       ->delimiter(',');
-  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)")->transform(smla::tools::decimal(o.jobs));
+  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (0, the default: the number of cores)")
+      ->transform(smla::tools::decimal(o.jobs))
+      ->check(CLI::Range(0, 4096));  // a negative count meant the default, silently
   app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR, else $XDG_CACHE_HOME/smla, else "
                  "~/.cache/smla)");
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
@@ -161,9 +163,10 @@ int main(int argc, char** argv) {
   app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
   app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys without compiling");
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
-  app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
-  app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
+  CLI::Option* no_tuned = app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
+  CLI::Option* tuning_db = app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
                  "~/.cache/smla/tuning.json)");
+  no_tuned->excludes(tuning_db);  // one of the two was ignored, silently
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
 }
