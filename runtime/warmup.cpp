@@ -340,9 +340,12 @@ std::vector<int64_t> parse_values(const std::string& field, const std::string& s
   if (geometric ? (step < 2 || a < 1) : step < 1)
     bad_spec(spec, "range '" + field + "': the step must be >= 1 (a factor >= 2 from A >= 1)");
   std::vector<int64_t> v;
-  for (int64_t x = a; x <= b; x = geometric ? x * step : x + step) {
+  for (int64_t x = a;; x = geometric ? x * step : x + step) {
     v.push_back(x);
     if (v.size() > kMaxProblems) bad_spec(spec, "range '" + field + "' has too many values");
+    // Stop before a step past B: near 2^63 the step itself overflowed (undefined), wrapped below B and ran on to
+    // "too many values" for a range of two.
+    if (geometric ? x > b / step : uint64_t(b) - uint64_t(x) < uint64_t(step)) break;
   }
   return v;
 }

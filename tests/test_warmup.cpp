@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -398,6 +399,21 @@ TEST(ShapeSpec, NumbersRangesAndNames) {
   ASSERT_EQ(ps.size(), 3u);
   EXPECT_EQ(ps[2].T, 12);
   EXPECT_EQ(ps[2].topk, 512);
+}
+
+// A range ends at its last value <= B even where the next step would pass 2^63 - 1 (the step overflowed, wrapped
+// below B and the range ran on until "too many values").
+TEST(ShapeSpec, RangesNearTheTopOfInt64EndAtB) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto ps = parse_shape_spec("9223372036854775800:9223372036854775807:5,16,80,32");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[1].T, kMax - 2);
+  ps = parse_shape_spec("1:9223372036854775807:*2,16,80,32");
+  ASSERT_EQ(ps.size(), 63u);
+  EXPECT_EQ(ps.back().T, int64_t(1) << 62);
+  ps = parse_shape_spec("-9223372036854775807:9223372036854775807:9223372036854775807,16,80,32");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[2].T, kMax);
 }
 
 TEST(ShapeSpec, ErrorsSayWhatIsWrong) {
