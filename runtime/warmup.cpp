@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -423,6 +424,9 @@ std::vector<Problem> parse_problems_json(const std::string& text) {
         continue;
       }
       const json& v = e[keys[k]];
+      // A number past 2^63 - 1 is read as unsigned and get<int64_t>() wrapped it negative ("Problem::T = -1").
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" = " + v.dump() + " is past 2^63 - 1");
       if (v.is_number_integer()) vals[k] = {v.get<int64_t>()};
       else if (v.is_string()) vals[k] = parse_values(v.get<std::string>(), where + " \"" + keys[k] + "\"");
       else SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" must be an integer or a range string");

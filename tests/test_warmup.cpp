@@ -455,6 +455,13 @@ TEST(ShapeSpec, JsonProblems) {
   EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"topk\": 64}]"), Error);  // num_kv missing
   EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"num_kv\": 5, \"topk\": 64, \"sink\": 1}]"), Error);
   EXPECT_THROW(parse_problems_json("{not json"), Error);
+  // Past 2^63 - 1: named as it was written (it wrapped to T = -1).
+  try {
+    parse_problems_json("[{\"T\": 18446744073709551615, \"H\": 16, \"num_kv\": 5, \"topk\": 64}]");
+    ADD_FAILURE() << "a T past 2^63 - 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("\"T\" = 18446744073709551615 is past 2^63 - 1"), std::string::npos) << e.message();
+  }
 }
 
 TEST(WarmupTool, UsageErrors) {
