@@ -47,4 +47,10 @@ CLI::Validator decimal(const std::vector<T>&) {
   return decimal(T{});
 }
 
+/// The check of a path option: an empty value is a usage error. It read as the option left out, so that
+/// smla-warmup --out "$DIR" with DIR unset filled the user cache instead of the directory to ship.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "");
+}
+
 }  // namespace smla::tools

@@ -373,7 +373,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   app.add_option("--inputs-dir", o.inputs_dir,
                  "keep the random inputs (and their float64 forward) in this directory and read them back in later "
-                 "processes with the same problem and seed: most of a large shape's process time otherwise");
+                 "processes with the same problem and seed: most of a large shape's process time otherwise")
+      ->check(smla::tools::non_empty_path());
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
                  "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (even with 3 at TOPK 160, "

@@ -381,7 +381,8 @@ int main(int argc, char** argv) {
       "power-of-two buckets of T and num_kv.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
-  app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)");
+  app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)")
+      ->check(smla::tools::non_empty_path());
   app.add_option("--sink", o.sink, "for --shape problems and the default seed shape: on, off or both (default on)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)")
@@ -401,7 +402,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--tuning-db", o.tuning_db,
                  "tuning database file to store into; plan() reads $SMLA_TUNING_DB (else the default), so a job that "
-                 "is to use a file given here needs SMLA_TUNING_DB set to it");
+                 "is to use a file given here needs SMLA_TUNING_DB set to it")
+      ->check(smla::tools::non_empty_path());
   app.add_flag("--no-store", o.no_store, "measure only; leave the database alone");
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
   app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
