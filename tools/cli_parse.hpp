@@ -1,10 +1,13 @@
 // cli_parse.hpp: how every tool parses its command line. CLI11_PARSE returns CLI11's own codes (101-109) on a usage
 // error; the tools promise 2 for "could not run" and 1 for "ran, but something failed" (tool_main.hpp), so a usage
-// error is 2 here, with CLI11's message; --help is 0.
+// error is 2 here, with CLI11's message; --help is 0. And how every tool ends: with its output written (flush_stdout).
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <system_error>
@@ -45,6 +48,16 @@ CLI::Validator decimal(const T&) {
 template <class T>
 CLI::Validator decimal(const std::vector<T>&) {
   return decimal(T{});
+}
+
+/// Flushes stdout; false, with "<tool>: cannot write the output: <why>" on stderr, when that fails or a write before
+/// it did. The output is part of a tool's result: on a full disk the JSON or the listing was cut short or empty and
+/// the tool still exited 0.
+inline bool flush_stdout(const char* tool) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return true;
+  std::fprintf(stderr, "%s: cannot write the output: %s\n", tool, errno ? std::strerror(errno) : "a write failed");
+  return false;
 }
 
 /// The check of a path option: an empty value is a usage error. It read as the option left out, so that

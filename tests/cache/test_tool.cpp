@@ -104,6 +104,20 @@ TEST(Tool, ExportThatFailsLeavesNothing) {
   EXPECT_TRUE(fs::is_regular_file(t / "out/b.smlacb"));
 }
 
+// Output that cannot be written is an I/O error, exit 1, saying so: a listing longer than stdout's buffer aborted on
+// fmt's exception, a short summary (verify) was lost with exit 0.
+TEST(Tool, OutputThatCannotBeWrittenIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here to fill stdout with";
+  TempDir t;
+  populate(t / "c", 100);
+  for (const char* cmd : {"list", "verify"}) {
+    auto [rc, out] = run_cmd("(" + std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "c") + " " + cmd + " >/dev/full)");
+    EXPECT_EQ(rc, 1) << cmd << ": " << out;
+    EXPECT_NE(out.find("smla-cache: cannot write the output"), std::string::npos) << cmd << ": " << out;
+    EXPECT_NE(out.find("No space left on device"), std::string::npos) << cmd << ": " << out;
+  }
+}
+
 TEST(Tool, ImportVerifiesEachEntry) {
   TempDir t;
   populate(t / "a", 3);
