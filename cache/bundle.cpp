@@ -3,6 +3,10 @@
 //   "SMLACB01"  then per entry: u32 name_len, name, u32 n_files, n_files x (u32 len, file name,
 //   u64 size, bytes)  and finally u32 0.
 // The bundle carries no trust: import re-verifies every entry exactly as a load would.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -45,43 +49,64 @@ bool get_bytes(std::istream& in, uint64_t n, std::string* s) {
 
 BulkResult DiskCache::export_bundle(const std::string& file) const {
   BulkResult r;
-  std::string tmp = file + ".partial";
+  // A temp file of this process beside `file`, flushed to disk before it is renamed into place, so that `file` is
+  // the old bundle or the whole new one; on any failure it is removed and nothing counts as exported. (It was
+  // "<file>.partial", shared by two exports to one name, never fsynced, and left behind when the rename failed, with
+  // "exported: N entries" printed.)
+  const std::string tmp = file + ".tmp." + owner_tag();
+  auto fail = [&](const std::string& why) {
+    std::remove(tmp.c_str());
+    r.error = why;
+    r.done = 0;
+    return r;
+  };
   {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o) {
-      r.error = "cannot create " + tmp + ": " + std::strerror(errno);
-      return r;
-    }
+    if (!o) return fail("cannot create " + tmp + ": " + std::strerror(errno));
     o.write(kMagic, sizeof kMagic);
     for (const auto& e : verify()) {
       if (!e.ok) {
         r.rejected.push_back(e.name + ": " + e.problem);
         continue;
       }
+      // Read before anything of the entry is written: one removed since verify() (a prune elsewhere) is rejected,
+      // not exported with empty files.
+      const char* files[] = {kManifest, kBinary, kSource};
+      std::vector<uint8_t> bytes[3];
+      std::string err;
+      bool read_ok = true;
+      for (int i = 0; i < 3 && read_ok; ++i)
+        read_ok = read_file(Root{s_.dir}.entry(e.name) + "/" + files[i], &bytes[i], &err);
+      if (!read_ok) {
+        r.rejected.push_back(e.name + ": " + err);
+        continue;
+      }
       put<uint32_t>(o, uint32_t(e.name.size()));
       o << e.name;
-      const char* files[] = {kManifest, kBinary, kSource};
       put<uint32_t>(o, 3);
-      for (const char* fname : files) {
-        std::vector<uint8_t> bytes;
-        std::string err;
-        read_file(Root{s_.dir}.entry(e.name) + "/" + fname, &bytes, &err);
-        put<uint32_t>(o, uint32_t(std::strlen(fname)));
-        o << fname;
-        put<uint64_t>(o, bytes.size());
-        o.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+      for (int i = 0; i < 3; ++i) {
+        put<uint32_t>(o, uint32_t(std::strlen(files[i])));
+        o << files[i];
+        put<uint64_t>(o, bytes[i].size());
+        o.write(reinterpret_cast<const char*>(bytes[i].data()), std::streamsize(bytes[i].size()));
       }
       ++r.done;
     }
     put<uint32_t>(o, 0);
     o.flush();
-    if (!o) {
-      r.error = "cannot write " + tmp + ": " + std::strerror(errno);
-      std::remove(tmp.c_str());
-      return r;
-    }
+    if (!o) return fail("cannot write " + tmp + ": " + std::strerror(errno));
   }
-  if (std::rename(tmp.c_str(), file.c_str()) != 0) r.error = "cannot rename " + tmp + " to " + file;
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    return fail("cannot flush " + tmp + " to disk: " + std::strerror(e));
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), file.c_str()) != 0)
+    return fail("cannot rename " + tmp + " to " + file + ": " + std::strerror(errno));
+  const fs::path parent = fs::path(file).parent_path();
+  fsync_dir(parent.empty() ? "." : parent.string());  // the rename itself, durable
   return r;
 }
 

@@ -138,7 +138,9 @@ class DiskCache {
   BulkResult prune(int64_t max_bytes);    ///< LRU-evict down to max_bytes; also stale staging
                                           ///< and lock files of absent keys nobody holds
   BulkResult clear();                     ///< every entry; also lock files nobody holds
-  BulkResult export_bundle(const std::string& file) const;  ///< verified entries only
+  /// Verified entries only, into a temp file beside `file` renamed into place once on disk: `file` is the old
+  /// bundle or the whole new one; on failure (`error`) nothing is left and `done` is 0.
+  BulkResult export_bundle(const std::string& file) const;
   BulkResult import_bundle(const std::string& file);        ///< each entry verified before use
 
  private:

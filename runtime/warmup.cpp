@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -56,13 +57,17 @@ std::string first_line(const std::exception& e) {
   return out;
 }
 
-std::string describe(const Problem& p) {
+}  // namespace
+
+std::string describe_problem(const Problem& p) {
   std::ostringstream s;
   s << "T=" << p.T << " H=" << p.H << " num_kv=" << p.num_kv << " topk=" << p.topk;
   if (p.r_chunk) s << " r_chunk=" << p.r_chunk;
   if (p.has_sink) s << " sink";
   return s.str();
 }
+
+namespace {
 
 struct Job {
   size_t item;
@@ -218,7 +223,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
             if (shape_supported(family, s, nullptr)) add_shape(s);
           }
       } catch (const std::exception& e) {
-        res.errors.push_back(target + " " + describe(p) + ": " + first_line(e));
+        res.errors.push_back(target + " " + describe_problem(p) + ": " + first_line(e));
       }
     }
   }
@@ -336,9 +341,12 @@ std::vector<int64_t> parse_values(const std::string& field, const std::string& s
   if (geometric ? (step < 2 || a < 1) : step < 1)
     bad_spec(spec, "range '" + field + "': the step must be >= 1 (a factor >= 2 from A >= 1)");
   std::vector<int64_t> v;
-  for (int64_t x = a; x <= b; x = geometric ? x * step : x + step) {
+  for (int64_t x = a;; x = geometric ? x * step : x + step) {
     v.push_back(x);
     if (v.size() > kMaxProblems) bad_spec(spec, "range '" + field + "' has too many values");
+    // Stop before a step past B: near 2^63 the step itself overflowed (undefined), wrapped below B and ran on to
+    // "too many values" for a range of two.
+    if (geometric ? x > b / step : uint64_t(b) - uint64_t(x) < uint64_t(step)) break;
   }
   return v;
 }
@@ -416,6 +424,9 @@ std::vector<Problem> parse_problems_json(const std::string& text) {
         continue;
       }
       const json& v = e[keys[k]];
+      // A number past 2^63 - 1 is read as unsigned and get<int64_t>() wrapped it negative ("Problem::T = -1").
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" = " + v.dump() + " is past 2^63 - 1");
       if (v.is_number_integer()) vals[k] = {v.get<int64_t>()};
       else if (v.is_string()) vals[k] = parse_values(v.get<std::string>(), where + " \"" + keys[k] + "\"");
       else SMLA_THROW(Status::InvalidArgument, where + ": \"" + keys[k] + "\" must be an integer or a range string");

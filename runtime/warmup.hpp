@@ -79,6 +79,9 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
 /// the problems are the cross product of the ranges. Throws smla::Error(InvalidArgument).
 std::vector<Problem> parse_shape_spec(const std::string& spec);
 
+/// "T=4096 H=128 num_kv=5120 topk=512[ r_chunk=R][ sink]": a problem in the tools' messages.
+std::string describe_problem(const Problem& p);
+
 /// Problems from JSON: an array (or {"problems": [...]}) of objects with T, H, num_kv, topk
 /// (numbers or range strings as in parse_shape_spec) and optional r_chunk, sink, lse_base2,
 /// lse_includes_sink, check_indices, dkv_fp32. Throws smla::Error(InvalidArgument).

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -400,6 +401,21 @@ TEST(ShapeSpec, NumbersRangesAndNames) {
   EXPECT_EQ(ps[2].topk, 512);
 }
 
+// A range ends at its last value <= B even where the next step would pass 2^63 - 1 (the step overflowed, wrapped
+// below B and the range ran on until "too many values").
+TEST(ShapeSpec, RangesNearTheTopOfInt64EndAtB) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto ps = parse_shape_spec("9223372036854775800:9223372036854775807:5,16,80,32");
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[1].T, kMax - 2);
+  ps = parse_shape_spec("1:9223372036854775807:*2,16,80,32");
+  ASSERT_EQ(ps.size(), 63u);
+  EXPECT_EQ(ps.back().T, int64_t(1) << 62);
+  ps = parse_shape_spec("-9223372036854775807:9223372036854775807:9223372036854775807,16,80,32");
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[2].T, kMax);
+}
+
 TEST(ShapeSpec, ErrorsSayWhatIsWrong) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"4096,128,5120", "TOPK is missing"},
@@ -439,6 +455,13 @@ TEST(ShapeSpec, JsonProblems) {
   EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"topk\": 64}]"), Error);  // num_kv missing
   EXPECT_THROW(parse_problems_json("[{\"T\": 1, \"H\": 16, \"num_kv\": 5, \"topk\": 64, \"sink\": 1}]"), Error);
   EXPECT_THROW(parse_problems_json("{not json"), Error);
+  // Past 2^63 - 1: named as it was written (it wrapped to T = -1).
+  try {
+    parse_problems_json("[{\"T\": 18446744073709551615, \"H\": 16, \"num_kv\": 5, \"topk\": 64}]");
+    ADD_FAILURE() << "a T past 2^63 - 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("\"T\" = 18446744073709551615 is past 2^63 - 1"), std::string::npos) << e.message();
+  }
 }
 
 TEST(WarmupTool, UsageErrors) {

@@ -1,8 +1,17 @@
 // cli_parse.hpp: how every tool parses its command line. CLI11_PARSE returns CLI11's own codes (101-109) on a usage
 // error; the tools promise 2 for "could not run" and 1 for "ran, but something failed" (tool_main.hpp), so a usage
-// error is 2 here, with CLI11's message; --help is 0.
+// error is 2 here, with CLI11's message; --help is 0. And how every tool ends: with its output written (flush_stdout).
 #pragma once
 #include <CLI/CLI.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <system_error>
+#include <vector>
 
 #define SMLA_TOOL_PARSE(app, argc, argv)               \
   do {                                                 \
@@ -12,3 +21,49 @@
       return (app).exit(smla_parse_error) == 0 ? 0 : 2; \
     }                                                  \
   } while (0)
+
+namespace smla::tools {
+
+/// The transform every integer option of the tools takes: plain decimal digits (a '-' only for a signed type) whose
+/// value fits the option's type, rewritten without leading zeros. CLI11 (2.1) converts with strtoull/strtoll in base
+/// 0 and does not look at ERANGE: a --seed of -1 wrapped to 2^64 - 1, one of 99999999999999999999 saturated to the
+/// same value (three spellings, one set of inputs, none of them the one asked for), and "010" was octal 8.
+/// Usage: app.add_option("--seed", o.seed, ...)->transform(tools::decimal(o.seed)).
+template <class T>
+CLI::Validator decimal(const T&) {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        T v{};
+        const char* end = s.data() + s.size();
+        const std::from_chars_result r = std::from_chars(s.data(), end, v);
+        if (s.empty() || r.ec != std::errc() || r.ptr != end)
+          return "'" + s + "' is not a decimal integer from " + std::to_string(std::numeric_limits<T>::min()) +
+                 " to " + std::to_string(std::numeric_limits<T>::max());
+        s = std::to_string(v);
+        return "";
+      },
+      "");
+}
+/// A list option (e.g. --dq-impl 2,3): each element as above.
+template <class T>
+CLI::Validator decimal(const std::vector<T>&) {
+  return decimal(T{});
+}
+
+/// Flushes stdout; false, with "<tool>: cannot write the output: <why>" on stderr, when that fails or a write before
+/// it did. The output is part of a tool's result: on a full disk the JSON or the listing was cut short or empty and
+/// the tool still exited 0.
+inline bool flush_stdout(const char* tool) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return true;
+  std::fprintf(stderr, "%s: cannot write the output: %s\n", tool, errno ? std::strerror(errno) : "a write failed");
+  return false;
+}
+
+/// The check of a path option: an empty value is a usage error. It read as the option left out, so that
+/// smla-warmup --out "$DIR" with DIR unset filled the user cache instead of the directory to ship.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "");
+}
+
+}  // namespace smla::tools

@@ -41,12 +41,19 @@ struct Options {
 };
 
 // What each backend can do here: usable (devices, target), can compile (with which compiler build: the cache key's
-// identity, so two machines can be compared before a cache warmed on one is carried to the other).
-int print_backends() {
+// identity, so two machines can be compared before a cache warmed on one is carried to the other). With --json, one
+// JSON object {"backends": [...]} (the text lines were printed under --json too, which no JSON reader takes).
+int print_backends(bool json) {
   smla::Runtime rt;
-  for (const smla::BackendStatus& b : rt.backends())
-    std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
-                b.detail.c_str());
+  nlohmann::json all = nlohmann::json::array();
+  for (const smla::BackendStatus& b : rt.backends()) {
+    if (json)
+      all.push_back({{"name", b.name}, {"usable", b.usable}, {"can_compile", b.can_compile}, {"detail", b.detail}});
+    else
+      std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
+                  b.detail.c_str());
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"backends", all}}.dump().c_str());
   return 0;
 }
 
@@ -342,40 +349,52 @@ int main(int argc, char** argv) {
                  "its tensors would be host memory")
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "hip"}));
   app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK (default: 4096,128,5120,512 on a GPU, 256,16,320,160 on the CPU)");
-  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)");
-  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk (0: the planner's choice: as few equal chunks as the interm budget allows)");
+  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)")
+      ->transform(smla::tools::decimal(o.r_chunk));
+  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk (0: the planner's choice: as few equal chunks as the interm budget allows)")
+      ->transform(smla::tools::decimal(o.t_chunk));
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--check", o.check, "compare with the float64 reference (exit 1 when off the bar)");
   app.add_flag("--json", o.json, "one JSON object per run on its own line");
-  app.add_flag("--breakdown", o.breakdown,
-               "time each phase on its own, and compare end to end with a dense bf16 GEMM (cuBLAS) timed here");
+  CLI::Option* breakdown = app.add_flag(
+      "--breakdown", o.breakdown,
+      "time each phase on its own, and compare end to end with a dense bf16 GEMM (cuBLAS) timed here");
   app.add_option("--gemm-n", o.gemm_n, "size n of the n x n x n GEMM of --breakdown")
-      ->check(CLI::Range(16, 32768));
+      ->transform(smla::tools::decimal(o.gemm_n))
+      ->check(CLI::Range(16, 32768))
+      ->needs(breakdown);  // without it no GEMM runs: the option was ignored, silently
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_option("--warmup", o.warmup, "warm-up runs (default 5 on a GPU, 0 on the CPU)")
+      ->transform(smla::tools::decimal(o.warmup))
       ->check(CLI::Range(0, 1000000));
   app.add_option("--repeat", o.repeat, "timed runs (default 20 on a GPU, 3 on the CPU)")
+      ->transform(smla::tools::decimal(o.repeat))
       ->check(CLI::Range(1, 1000000));
-  app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   app.add_option("--inputs-dir", o.inputs_dir,
                  "keep the random inputs (and their float64 forward) in this directory and read them back in later "
-                 "processes with the same problem and seed: most of a large shape's process time otherwise");
+                 "processes with the same problem and seed: most of a large shape's process time otherwise")
+      ->check(smla::tools::non_empty_path());
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
                  "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (even with 3 at TOPK 160, "
                  "slower at 1152) (several: timed in alternating rounds, each with its ratio to the first)")
       ->delimiter(',')
+      ->transform(smla::tools::decimal(o.dq_impls))
       ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));
   app.add_option("--dkv-impl", o.dkv_impls,
                  "dkv_interm bodies likewise: 0 the planner's choice, 1 mma.sync, 2 wgmma, 3 wgmma with a producer "
                  "warpgroup (with several --dq-impl: every pair)")
       ->delimiter(',')
+      ->transform(smla::tools::decimal(o.dkv_impls))
       ->check(CLI::Range(0, smla::TileConfig::kMaxDkvImpl));
   app.add_option("--rounds", o.rounds, "alternating rounds when several plans are timed (default 3)")
+      ->transform(smla::tools::decimal(o.rounds))
       ->check(CLI::Range(1, 100));
   app.add_flag("--backends", o.backends,
-               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit");
+               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit (with --json: "
+               "one JSON object)");
   SMLA_TOOL_PARSE(app, argc, argv);
-  if (o.backends) return smla::tools::run_tool("smla-bench", print_backends);
+  if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); });
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -37,9 +38,7 @@ int report(const char* what, const sc::BulkResult& r) {
   return r.error.empty() && r.rejected.empty() ? 0 : 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int cache_main(int argc, char** argv) {
   CLI::App app{"smla-cache: list, verify, prune, clear, export and import the smla kernel cache"};
   sc::Settings s = sc::settings_from_env();
   app.add_option("--dir", s.dir, "cache directory (default: SMLA_CACHE_DIR, else XDG cache)");
@@ -119,4 +118,18 @@ int main(int argc, char** argv) {
   if (exp->parsed()) return report("exported", cache.export_bundle(file));
   if (imp->parsed()) return report("imported", cache.import_bundle(file));
   return 0;
+}
+
+}  // namespace
+
+// Output that could not be written is an I/O error like the others (exit 1): fmt::print throws std::system_error
+// when a line does not fit (a full disk), which aborted the tool; a short listing was lost and the exit code was 0.
+int main(int argc, char** argv) {
+  try {
+    const int rc = cache_main(argc, argv);
+    return smla::tools::flush_stdout("smla-cache") ? rc : 1;
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "smla-cache: cannot write the output: %s\n", e.what());
+    return 1;
+  }
 }

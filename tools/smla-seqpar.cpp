@@ -398,16 +398,20 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"smla-seqpar: sequence-parallel backward (tokens split over ranks, dkv summed across them)"};
   Options o;
-  app.add_option("--ranks", o.ranks, "number of ranks (threads on the CPU, GPUs with cuda)")->check(CLI::Range(1, 64));
+  app.add_option("--ranks", o.ranks, "number of ranks (threads on the CPU, GPUs with cuda)")
+      ->transform(smla::tools::decimal(o.ranks))
+      ->check(CLI::Range(1, 64));
   app.add_option("--backend", o.backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK of the whole batch (default 256,16,320,160 on the CPU, "
                                      "1024,64,1536,512 with cuda)");
-  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)");
-  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk within each rank (0: the planner's choice)");
+  app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)")
+      ->transform(smla::tools::decimal(o.r_chunk));
+  app.add_option("--t-chunk", o.t_chunk, "tokens a chunk within each rank (0: the planner's choice)")
+      ->transform(smla::tools::decimal(o.t_chunk));
   app.add_flag("--no-sink", o.no_sink, "run without attn_sink");
   app.add_flag("--uniform", o.uniform, "uniform random top-k instead of the benchmark top-k");
   app.add_flag("--check", o.check, "compare with one rank and the float64 reference; exit 1 when off the bar");
-  app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-seqpar", [&] { return run(o); });
 }

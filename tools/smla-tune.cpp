@@ -223,8 +223,6 @@ nlohmann::json cfg_json(const smla::TileConfig& c) {
 nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, const Options& o) {
   const auto t0 = Clock::now();
   const size_t budget = smla::runtime_env().interm_budget;
-  p.backend = smla::BackendKind::Cuda;
-  smla::validate_problem(p);
   const smla::PlanInfo probe = rt.plan(p, smla::TileConfig{})->info();
   const std::string target = probe.target, device_class = probe.device_class;
   std::vector<Candidate> cands = candidates(p, budget, target);
@@ -325,9 +323,19 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
   return j;
 }
 
+// The problems to tune, every one checked before the first is tuned: a bad one in a range or a --json-file stopped
+// the tool only when its turn came, after the problems before it had been tuned (with --json, printing none of them).
+// Without --shape and --json-file, the seed shape, with --sink as a --shape takes it (it was tuned without a sink
+// whatever --sink said, so that plan() of the seed problem, which has one, never found the entry).
 std::vector<smla::Problem> gather(const Options& o) {
-  std::vector<smla::Problem> out = smla::collect_problems(o.shapes, o.sink, o.json_file, false);
-  if (out.empty()) out = smla::parse_shape_spec("4096,128,5120,512");  // the seed shape
+  const bool none_given = o.shapes.empty() && o.json_file.empty();
+  std::vector<smla::Problem> out = smla::collect_problems(
+      none_given ? std::vector<std::string>{"4096,128,5120,512"} : o.shapes, o.sink, o.json_file, false);
+  if (out.empty()) throw smla::Error(smla::Status::InvalidArgument, "no problems in --json-file " + o.json_file);
+  for (smla::Problem& p : out) {
+    p.backend = smla::BackendKind::Cuda;
+    smla::validate_problem(p);
+  }
   return out;
 }
 
@@ -338,7 +346,11 @@ int run(const Options& o) {
     std::string why;
     for (const auto& b : rt.backends())
       if (b.name == "cuda") why = b.detail;
-    throw smla::Error(smla::Status::NoBackend, "needs a usable CUDA GPU (" + why + ")");
+    // What it would have tuned, so that a job script can be checked on a machine without one.
+    std::string what;
+    for (size_t i = 0; i < problems.size() && i < 3; ++i) what += (i ? "; " : "") + smla::describe_problem(problems[i]);
+    if (problems.size() > 3) what += "; ... (" + std::to_string(problems.size()) + " problems)";
+    throw smla::Error(smla::Status::NoBackend, "needs a usable CUDA GPU to tune " + what + " (" + why + ")");
   }
   // The version of the sources the Runtime compiles ($SMLA_KERNEL_SRC_DIR included), so plan() finds the entries.
   smla::TuningDb db(o.tuning_db, smla::default_tuning_runtime_version());
@@ -360,27 +372,41 @@ int main(int argc, char** argv) {
                "database (the planner then uses it)"};
   app.footer(
       "Shapes as in smla-warmup: --shape T,H,NUM_KV,TOPK[,R_CHUNK], each field a number, A:B:STEP or A:B:*F\n"
-      "(default: the seed shape 4096,128,5120,512). Every candidate is first checked against the float64\n"
-      "reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed\n"
-      "at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
+      "(default: the seed shape 4096,128,5120,512; --sink applies to it too). Every problem is validated\n"
+      "before the first is tuned. Every candidate is first checked against the float64 reference at the\n"
+      "contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed at the real T\n"
+      "with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by device (target,\n"
       "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
       "power-of-two buckets of T and num_kv.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
-  app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)");
-  app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default on)")
+  app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)")
+      ->check(smla::tools::non_empty_path());
+  app.add_option("--sink", o.sink, "for --shape problems and the default seed shape: on, off or both (default on)")
       ->check(CLI::IsMember({"on", "off", "both"}));
-  app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)");
-  app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")->check(CLI::Range(1, 4096));
-  app.add_option("--warmup", o.warmup, "untimed runs per candidate (default 3)");
-  app.add_option("--repeat", o.repeat, "timed runs per candidate, median taken (default 10)")->check(CLI::Range(1, 1000));
+  app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)")
+      ->check([](const std::string& s) -> std::string {
+        // A negative budget tried the heuristic alone and NaN every candidate, without a word.
+        double v = 0;
+        return CLI::detail::lexical_cast(s, v) && v >= 0 && v <= 1e9 ? "" : "'" + s + "' is not a number of seconds from 0 to 1e9";
+      });
+  app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")
+      ->transform(smla::tools::decimal(o.check_t))
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--warmup", o.warmup, "untimed runs per candidate (default 3)")
+      ->transform(smla::tools::decimal(o.warmup))
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--repeat", o.repeat, "timed runs per candidate, median taken (default 10)")
+      ->transform(smla::tools::decimal(o.repeat))
+      ->check(CLI::Range(1, 1000));
   app.add_option("--tuning-db", o.tuning_db,
                  "tuning database file to store into; plan() reads $SMLA_TUNING_DB (else the default), so a job that "
-                 "is to use a file given here needs SMLA_TUNING_DB set to it");
+                 "is to use a file given here needs SMLA_TUNING_DB set to it")
+      ->check(smla::tools::non_empty_path());
   app.add_flag("--no-store", o.no_store, "measure only; leave the database alone");
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
-  app.add_option("--seed", o.seed, "random seed of the inputs");
+  app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-tune", [&] { return run(o); });
 }

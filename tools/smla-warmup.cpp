@@ -149,21 +149,26 @@ int main(int argc, char** argv) {
       "Exit status: 0 when nothing failed, 1 when a kernel or problem failed, 2 on usage errors.");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
-  app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)");
+  app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)")->check(smla::tools::non_empty_path());
   app.add_option("--arch", o.archs, "targets, comma-separated: sm_90a, gfx950, gfx942, gfx90a (default: the GPUs present); a plain gfx* "
                  "warms its xnack- and xnack+ ids, gfx90a:xnack+ only that one")
       ->delimiter(',');
-  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (default: the number of cores)");
+  app.add_option("-j,--jobs", o.jobs, "concurrent compiles (0, the default: the number of cores)")
+      ->transform(smla::tools::decimal(o.jobs))
+      ->check(CLI::Range(0, 4096));  // a negative count meant the default, silently
   app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR, else $XDG_CACHE_HOME/smla, else "
-                 "~/.cache/smla)");
+                 "~/.cache/smla)")
+      ->check(smla::tools::non_empty_path());
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
   app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys without compiling");
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
-  app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
-  app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
-                 "~/.cache/smla/tuning.json)");
+  CLI::Option* no_tuned = app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
+  CLI::Option* tuning_db = app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
+                 "~/.cache/smla/tuning.json)")
+      ->check(smla::tools::non_empty_path());
+  no_tuned->excludes(tuning_db);  // one of the two was ignored, silently
   SMLA_TOOL_PARSE(app, argc, argv);
   return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
 }

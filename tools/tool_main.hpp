@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_parse.hpp"  // beside this file: flush_stdout
 #include "runtime/check.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
@@ -24,23 +25,23 @@ inline void set_one_shape(Problem& p, const std::string& text) {
   p.T = ps[0].T, p.H = ps[0].H, p.num_kv = ps[0].num_kv, p.topk = ps[0].topk;
 }
 
+/// body()'s exit code, 2 when it throws, and 2 when its output could not be written (flush_stdout).
 template <class Body>
 int run_tool(const char* name, Body&& body) {
+  int rc = 2;
   try {
-    return body();
+    rc = body();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: %s (%s)\n", name, e.message().c_str(), status_name(e.status()));
-    return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "%s: out of host memory (std::bad_alloc): what this run needs does not fit here (for a tool that makes "
                  "tensors, the problem's inputs, reference and outputs: a smaller T or num_kv)\n",
                  name);
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
-    return 2;
   }
+  return flush_stdout(name) ? rc : 2;
 }
 
 }  // namespace smla::tools

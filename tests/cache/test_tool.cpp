@@ -86,6 +86,38 @@ TEST(Tool, ExportImportRoundTrip) {
   EXPECT_EQ(tool(t / "fresh/dir", "import " + bundle).first, 0);
 }
 
+// An export that cannot finish exports nothing and leaves nothing: onto a directory the rename fails (it left
+// "<file>.partial" beside it and printed "exported: 2 entries"); one that finishes leaves the bundle alone.
+TEST(Tool, ExportThatFailsLeavesNothing) {
+  TempDir t;
+  populate(t / "a", 2);
+  fs::create_directories(t / "out/taken");
+  auto [rc, out] = tool(t / "a", "export " + (t / "out/taken"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("exported: 0 entries"), std::string::npos) << out;
+  EXPECT_NE(out.find("Is a directory"), std::string::npos) << out;
+  EXPECT_EQ(count_dir(t / "out"), 1u) << "the failed export left a file beside its target";
+  auto [rc2, out2] = tool(t / "a", "export " + (t / "out/b.smlacb"));
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("exported: 2 entries"), std::string::npos) << out2;
+  EXPECT_EQ(count_dir(t / "out"), 2u) << "a temp file was left beside the bundle";
+  EXPECT_TRUE(fs::is_regular_file(t / "out/b.smlacb"));
+}
+
+// Output that cannot be written is an I/O error, exit 1, saying so: a listing longer than stdout's buffer aborted on
+// fmt's exception, a short summary (verify) was lost with exit 0.
+TEST(Tool, OutputThatCannotBeWrittenIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here to fill stdout with";
+  TempDir t;
+  populate(t / "c", 100);
+  for (const char* cmd : {"list", "verify"}) {
+    auto [rc, out] = run_cmd("(" + std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "c") + " " + cmd + " >/dev/full)");
+    EXPECT_EQ(rc, 1) << cmd << ": " << out;
+    EXPECT_NE(out.find("smla-cache: cannot write the output"), std::string::npos) << cmd << ": " << out;
+    EXPECT_NE(out.find("No space left on device"), std::string::npos) << cmd << ": " << out;
+  }
+}
+
 TEST(Tool, ImportVerifiesEachEntry) {
   TempDir t;
   populate(t / "a", 3);
