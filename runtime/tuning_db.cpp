@@ -554,6 +554,7 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
   // Re-read under the lock: entries other processes stored since we last looked are kept.
   json entries;
   std::string why;
+  bool keep_aside = false;  // a file this store replaces without reading its entries: kept under another name
   switch (read_db(real, &entries, &why)) {
     case Parsed::Unreadable:  // rewriting what we cannot read would drop its entries
       SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " " + why + ": not rewritten");
@@ -563,12 +564,7 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
                                           ": not overwritten (tune with the newer smla, or set SMLA_TUNING_DB to "
                                           "another file)");
     case Parsed::Corrupt:
-    case Parsed::OlderSchema: {
-      State& st = state();
-      std::lock_guard<std::mutex> g(st.mu);
-      warn(st, "tuning db " + path_ + ": " + why + "; rewriting it with this entry only");
-      break;
-    }
+    case Parsed::OlderSchema: keep_aside = true; break;
     case Parsed::Absent:
     case Parsed::Ok: break;
   }
@@ -599,9 +595,24 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
     throw;
   }
   ::close(fd);
+  // A corrupt file, one of an older schema, or one that is not a tuning database at all (SMLA_TUNING_DB or
+  // --tuning-db pointed at the wrong file) is not destroyed: its bytes stay under "<db>.replaced.<host>.<pid>.<rand>"
+  // (a hard link, so the database path never goes missing), and the warning says where.
+  std::string aside;
+  if (keep_aside) {
+    aside = real + ".replaced." + cache::detail::owner_tag();
+    if (::link(real.c_str(), aside.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + ": " + why + "; not replaced, since it could not "
+                                              "be kept as " + aside + ": " + std::strerror(err) +
+                                              " (move it away, or set SMLA_TUNING_DB to another file)");
+    }
+  }
   if (::rename(tmp.c_str(), real.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    if (!aside.empty()) ::unlink(aside.c_str());  // the database was not replaced: one name for it is enough
     SMLA_THROW(Status::Internal, "tuning db: cannot rename " + tmp + " to " + real + ": " + std::strerror(err));
   }
   // The rename is durable only once the directory is synced.
@@ -609,6 +620,12 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
+  }
+  if (!aside.empty()) {
+    State& st = state();
+    std::lock_guard<std::mutex> g(st.mu);
+    warn(st, "tuning db " + path_ + ": " + why + "; replaced by a database of this entry only, the old file kept as " +
+                 aside);
   }
 }
 

@@ -443,6 +443,15 @@ TEST(TuningDb, StoreRemovesTempFilesOfDeadWriters) {
 
 class CorruptFile : public ::testing::TestWithParam<std::string> {};
 
+// The files beside `path` that a store kept instead of destroying them ("<db>.replaced.<host>.<pid>.<rand>").
+std::vector<std::string> replaced_files(const std::string& path) {
+  std::vector<std::string> out;
+  const std::filesystem::path p(path);
+  for (const auto& f : std::filesystem::directory_iterator(p.parent_path()))
+    if (f.path().filename().string().rfind(p.filename().string() + ".replaced.", 0) == 0) out.push_back(f.path());
+  return out;
+}
+
 TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
@@ -467,6 +476,13 @@ TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
   EXPECT_EQ(db.warnings().size(), 1u) << "an unchanged corrupt file warns once";
 
   db.store("sm_90a", problem(8192), entry(16, 128));
+  // What was there is not destroyed (a --tuning-db pointed at the wrong file replaced it before): kept byte for byte
+  // under the name the warning gives.
+  const auto kept = replaced_files(path);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(read(kept[0]), bad);
+  ASSERT_EQ(db.warnings().size(), 2u);
+  EXPECT_NE(db.warnings()[1].find("kept as " + kept[0]), std::string::npos) << db.warnings()[1];
   const auto doc = nlohmann::json::parse(read(path));  // valid again
   EXPECT_EQ(doc["entries"].size(), 1u);
   EXPECT_EQ(db.lookup("sm_90a", problem(8192))->dq_block_h, 16);
@@ -497,8 +513,12 @@ TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   EXPECT_FALSE(next.lookup("sm_90a", problem(4096)));
   ASSERT_EQ(next.warnings().size(), 1u);
   EXPECT_NE(next.warnings()[0].find("schema"), std::string::npos);
+  const std::string older = read(path);
   next.store("sm_90a", problem(4096), entry(16, 64));
   EXPECT_EQ(nlohmann::json::parse(read(path))["schema"], kTuningSchema);
+  const auto kept = replaced_files(path);  // the older smla's database stays usable by it under another name
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(read(kept[0]), older);
   EXPECT_EQ(next.lookup("sm_90a", problem(4096))->dq_block_h, 16);
 }
 
