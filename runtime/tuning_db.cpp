@@ -110,7 +110,9 @@ std::string file_stamp(const std::string& path) {
          std::to_string(st.st_mtim.tv_nsec);
 }
 
-enum class Parsed { Ok, Absent, Unreadable, Corrupt, OlderSchema, NewerSchema };
+// Corrupt: a damaged tuning database (it names the format, or is empty); Foreign: a file that shows no sign of being
+// one (SMLA_TUNING_DB or --tuning-db pointed at the wrong file), which a store must not replace.
+enum class Parsed { Ok, Absent, Unreadable, Corrupt, Foreign, OlderSchema, NewerSchema };
 
 // -1, 0, 1: `s` (an integer) below, at or above kTuningSchema, compared without get<int>(), which truncates
 // (4294967297 would read as 1).
@@ -153,17 +155,22 @@ Parsed read_db(const std::string& path, json* entries, std::string* why) {
     text.append(buf, size_t(n));
   }
   ::close(fd);
+  // Damaged rather than foreign: empty, or any text that names the format (a store writes it first, so a copy cut
+  // short keeps it; databases written before that had it last).
+  const Parsed damaged = text.empty() || text.find(kFormat) != std::string::npos ? Parsed::Corrupt : Parsed::Foreign;
   try {
     json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (doc.is_discarded() || !doc.is_object()) {
-      *why = "not a JSON object (truncated or overwritten?)";
-      return Parsed::Corrupt;
+      *why = damaged == Parsed::Corrupt ? "not a JSON object (truncated or overwritten?)"
+                                        : "not a tuning database (not JSON, nor naming the format \"smla-tuning-db\")";
+      return damaged;
     }
     const auto format = doc.find("format"), schema = doc.find("schema"), ents = doc.find("entries");
     if (format == doc.end() || !format->is_string() || *format != kFormat || schema == doc.end() ||
         !schema->is_number_integer() || ents == doc.end() || !ents->is_object()) {
-      *why = "missing \"format\": \"smla-tuning-db\", \"schema\" or \"entries\"";
-      return Parsed::Corrupt;
+      *why = damaged == Parsed::Corrupt ? "missing \"format\": \"smla-tuning-db\", \"schema\" or \"entries\""
+                                        : "not a tuning database (a JSON object without \"format\": \"smla-tuning-db\")";
+      return damaged;
     }
     if (const int order = schema_order(*schema); order != 0) {
       *why = "schema " + schema->dump() + ", this smla reads schema " + std::to_string(kTuningSchema);
@@ -173,7 +180,7 @@ Parsed read_db(const std::string& path, json* entries, std::string* why) {
     return Parsed::Ok;
   } catch (const json::exception& e) {  // belt and braces: no JSON quirk may escape a lookup
     *why = e.what();
-    return Parsed::Corrupt;
+    return damaged;
   }
 }
 
@@ -470,7 +477,11 @@ void TuningDb::refresh(State& st) const {
       return;
     case Parsed::Corrupt:
       warn(st, "tuning db " + path_ + " is corrupt (" + why + "): ignored; the planner uses its heuristics, and the "
-               "next smla-tune store rewrites it");
+               "next smla-tune store replaces it, keeping it under another name");
+      return;
+    case Parsed::Foreign:
+      warn(st, "tuning db " + path_ + " is " + why + ": ignored; the planner uses its heuristics, and no store will "
+               "replace it (set SMLA_TUNING_DB to the database's path)");
       return;
     case Parsed::OlderSchema:
       warn(st, "tuning db " + path_ + " has " + why + ": ignored; the next smla-tune store rewrites it");
@@ -558,6 +569,9 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
   switch (read_db(real, &entries, &why)) {
     case Parsed::Unreadable:  // rewriting what we cannot read would drop its entries
       SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " " + why + ": not rewritten");
+    case Parsed::Foreign:  // someone's file at the wrong path: not ours to replace
+      SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " is " + why + ": not overwritten (set "
+                                          "SMLA_TUNING_DB or --tuning-db to the database file, or remove this one)");
     case Parsed::NewerSchema:  // an older smla must not wipe a newer database
       SMLA_THROW(Status::Unsupported, "tuning db " + path_ + " has " + why + " and writes schema " +
                                           std::to_string(kTuningSchema) +
@@ -569,10 +583,11 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
     case Parsed::Ok: break;
   }
   entries[tuning_key(device_class, p, version_)] = entry_to_json(device_class, p, version_, e);
-  json doc;
+  // "format" first: a copy cut short still names it, and reads as a damaged database rather than a foreign file.
+  nlohmann::ordered_json doc;
   doc["format"] = kFormat;
   doc["schema"] = kTuningSchema;
-  doc["entries"] = std::move(entries);
+  doc["entries"] = nlohmann::ordered_json(entries);
   const std::string text = doc.dump(1) + "\n";
 
   // Temp files of stores killed part way (each a full copy of the database) were left for ever. Every store writes

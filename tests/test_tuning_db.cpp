@@ -452,7 +452,10 @@ std::vector<std::string> replaced_files(const std::string& path) {
   return out;
 }
 
-TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
+// A damaged database (it names the format, or is empty) is ignored with a warning, and the next store replaces it,
+// keeping its bytes under another name. A file that is no tuning database at all (SMLA_TUNING_DB or --tuning-db
+// pointed at the wrong file: smla-tune replaced /etc/passwd with one entry before) is ignored and never replaced.
+TEST_P(CorruptFile, IgnoredWithWarningThenReplacedOrLeftAlone) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
   {
@@ -460,24 +463,39 @@ TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
     db.store("sm_90a", problem(4096), entry(32, 256));
   }
   const std::string valid = read(path);
+  const std::string kind = GetParam();
   // wrong_types: json's value() would throw type_error out of the lookup (and plan()).
-  std::string bad = GetParam() == "garbage"     ? std::string("\x00\xff\x13garbage{{", 11)
-                    : GetParam() == "truncated" ? valid.substr(0, valid.size() / 2)
-                    : GetParam() == "wrong_types"
-                        ? std::string("{\"format\": 5, \"schema\": \"1\", \"entries\": {}}")
-                        : std::string("{\"hello\": 1}");
+  const std::string bad = kind == "garbage"       ? std::string("\x00\xff\x13garbage{{", 11)
+                          : kind == "truncated"   ? valid.substr(0, valid.size() / 2)
+                          : kind == "empty"       ? std::string()
+                          : kind == "ours_broken" ? std::string("{\"format\": \"smla-tuning-db\", \"schema\": \"2\"}")
+                          : kind == "wrong_types" ? std::string("{\"format\": 5, \"schema\": \"1\", \"entries\": {}}")
+                                                  : std::string("{\"hello\": 1}");
+  const bool foreign = kind == "garbage" || kind == "wrong_types" || kind == "not_ours";
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
 
   TuningDb db(path, "v1");
   EXPECT_FALSE(db.lookup("sm_90a", problem(4096)));
   ASSERT_EQ(db.warnings().size(), 1u);
-  EXPECT_NE(db.warnings()[0].find("corrupt"), std::string::npos) << db.warnings()[0];
+  EXPECT_NE(db.warnings()[0].find(foreign ? "not a tuning database" : "corrupt"), std::string::npos)
+      << db.warnings()[0];
   EXPECT_FALSE(db.lookup("sm_90a", problem(4096)));
   EXPECT_EQ(db.warnings().size(), 1u) << "an unchanged corrupt file warns once";
 
+  if (foreign) {
+    try {
+      db.store("sm_90a", problem(8192), entry(16, 128));
+      ADD_FAILURE() << "a file that is not a tuning database was replaced";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(e.message().find("not overwritten"), std::string::npos) << e.message();
+    }
+    EXPECT_EQ(read(path), bad);
+    EXPECT_TRUE(replaced_files(path).empty());
+    return;
+  }
   db.store("sm_90a", problem(8192), entry(16, 128));
-  // What was there is not destroyed (a --tuning-db pointed at the wrong file replaced it before): kept byte for byte
-  // under the name the warning gives.
+  // What was there is not destroyed: kept byte for byte under the name the warning gives.
   const auto kept = replaced_files(path);
   ASSERT_EQ(kept.size(), 1u);
   EXPECT_EQ(read(kept[0]), bad);
@@ -491,7 +509,8 @@ TEST_P(CorruptFile, IgnoredWithWarningThenRewritten) {
   EXPECT_TRUE(fresh.warnings().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, CorruptFile, ::testing::Values("garbage", "truncated", "not_ours", "wrong_types"));
+INSTANTIATE_TEST_SUITE_P(Kinds, CorruptFile, ::testing::Values("garbage", "truncated", "empty", "ours_broken",
+                                                              "not_ours", "wrong_types"));
 
 TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   TempDir d;
