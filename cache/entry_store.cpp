@@ -1,6 +1,7 @@
 // entry_store.cpp: files, staging, publishing, verification and eviction of one cache root.
 #include "entry_store.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -249,6 +250,25 @@ bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_
 }
 
 int64_t age_ns(const std::string& path) { return realtime_ns() - mtime_ns(path); }
+
+std::vector<std::string> remove_left_over_temps(const std::string& file, int64_t stale_s) {
+  const size_t slash = file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
+  const std::string prefix = (slash == std::string::npos ? file : file.substr(slash + 1)) + ".tmp.";
+  std::vector<std::string> gone, removed;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string path = dir + "/" + name;
+      if (owner_gone(name.substr(prefix.size()), age_ns(path), stale_s)) gone.push_back(path);
+    }
+    ::closedir(d);
+  }
+  for (const auto& path : gone)
+    if (::unlink(path.c_str()) == 0) removed.push_back(path);
+  return removed;
+}
 
 int clean_stale_staging(const Root& r, int64_t stale_s) {
   std::error_code ec;

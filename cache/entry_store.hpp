@@ -82,6 +82,10 @@ constexpr int64_t kDeadOwnerGraceS = 600;
 bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s = kDeadOwnerGraceS);
 /// Nanoseconds since `path` was last modified (since 1970 when it cannot be stat'ed).
 int64_t age_ns(const std::string& path);
+/// Removes the temp files "<file>.tmp.<owner_tag>" that writers of `file` left when they were killed, those whose
+/// owner_gone() (also "<file>.tmp.<pid>.<rand>" and "<file>.tmp.<pid>" of older writers, by age alone); returns the
+/// paths removed. Best effort: what cannot be read or removed is left.
+std::vector<std::string> remove_left_over_temps(const std::string& file, int64_t stale_s);
 /// Removes staging dirs, and probe dirs left in entries/ (probe_publish killed before its rmdir),
 /// whose owner_gone().
 int clean_stale_staging(const Root& r, int64_t stale_s);

@@ -1,7 +1,6 @@
 // tuning_db.cpp: the tuning database file: parse, look up, merge-and-publish under a lock.
 #include "tuning_db.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -312,25 +311,6 @@ class DbLock {
   cache::detail::LockFile lock_;
 };
 
-// Temp files "<db>.tmp.<owner>" beside `real` whose owner is gone (cache::detail::owner_gone), and those of an
-// older smla ("<db>.tmp.<pid>.<rand>", no host) once older than kStaleTempS. Best effort.
-void remove_stale_temps(const std::string& real) {
-  const std::string dir = parent_dir(real), prefix = base_name(real) + ".tmp.";
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> gone;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string path = dir + "/" + name;
-    if (cache::detail::owner_gone(name.substr(prefix.size()), cache::detail::age_ns(path), kStaleTempS))
-      gone.push_back(path);
-  }
-  ::closedir(d);
-  for (const auto& path : gone)
-    if (::unlink(path.c_str()) == 0) log().info("tuning db: removed {}, left by a store that did not finish", path);
-}
-
 double lock_timeout_from_env() {
   double t = kTuningDbLockTimeoutS;
   if (const char* v = env("SMLA_TUNING_DB_LOCK_TIMEOUT_S")) {
@@ -593,7 +573,8 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
   // Temp files of stores killed part way (each a full copy of the database) were left for ever. Every store writes
   // its temp file under this lock, so one present now belongs to a store that did not finish; it is removed once the
   // kernel cache's rule for its staging says the writer is gone (same host and a dead pid, or old).
-  remove_stale_temps(real);
+  for (const auto& gone : cache::detail::remove_left_over_temps(real, kStaleTempS))
+    log().info("tuning db: removed {}, left by a store that did not finish", gone);
   // "<db>.tmp.<host>.<pid>.<rand>", which that rule reads back.
   const std::string tmp = real + ".tmp." + cache::detail::owner_tag();
   // 0666: the umask decides, so under umask 002 the published file stays writable by the group.

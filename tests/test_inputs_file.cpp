@@ -1,6 +1,7 @@
 // The benchmark's inputs file (tools/inputs_file.hpp): read back exactly as made, and never used when it is damaged,
 // short, or another problem's.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "cache/entry_store.hpp"
+#include "tests/cache/test_util.hpp"  // dead_pid
 #include "tools/inputs_file.hpp"
 
 namespace fs = std::filesystem;
@@ -111,6 +114,40 @@ TEST_F(InputsFile, AnotherProblemsFileUnderThisNameIsNotUsed) {
   expect_same(get(&mine), fresh_);
   EXPECT_FALSE(mine.from_file);
   EXPECT_NE(mine.note.find("another problem"), std::string::npos) << mine.note;
+}
+
+// A writer killed part way left its temp file (1.6 GB at the seed shape) for good. The next writer of the same file
+// removes those whose owner is gone (this host, a dead pid, over 10 minutes old; or any owner's after an hour), and
+// keeps a live writer's.
+TEST_F(InputsFile, ATempFileOfAKilledWriterIsRemovedByTheNextWriter) {
+  const std::string path = dir_ + "/" + smla::tools::inputs_file_name(kT, kH, kNkv, kTopk, true, kSeed,
+                                                                      TopkKind::Benchmark);
+  fs::create_directories(dir_);
+  const std::string host = smla::cache::detail::host_name();
+  const std::string dead = path + ".tmp." + host + "." + std::to_string(smla::cache::test::dead_pid()) + ".1a2b";
+  const std::string dead_recent = path + ".tmp." + host + "." + std::to_string(smla::cache::test::dead_pid()) + ".3c";
+  const std::string live = path + ".tmp." + host + "." + std::to_string(::getppid()) + ".4d";
+  const std::string old_style = path + ".tmp." + std::to_string(smla::cache::test::dead_pid());  // before owner tags
+  for (const auto& f : {dead, dead_recent, live, old_style}) std::ofstream(f) << "part of an inputs file";
+  const auto age = [](const std::string& f, int seconds) {
+    struct timespec t[2];
+    ::clock_gettime(CLOCK_REALTIME, &t[0]);
+    t[0].tv_sec -= seconds;
+    t[1] = t[0];
+    ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0) << f;
+  };
+  age(dead, 700);
+  age(live, 700);
+  age(old_style, 4000);
+  InputsSource src;
+  expect_same(get(&src), fresh_);
+  EXPECT_FALSE(fs::exists(dead)) << "a dead writer's temp file was kept";
+  EXPECT_FALSE(fs::exists(old_style)) << "an hour-old temp file without an owner was kept";
+  EXPECT_TRUE(fs::exists(dead_recent)) << "a dead pid's file under 10 minutes old may be another namespace's";
+  EXPECT_TRUE(fs::exists(live)) << "a live writer's temp file was removed";
+  InputsSource again;
+  expect_same(get(&again), fresh_);
+  EXPECT_TRUE(again.from_file);
 }
 
 TEST_F(InputsFile, AnUnwritableDirectoryStillGivesTheInputsAndSaysWhy) {

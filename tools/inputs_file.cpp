@@ -11,10 +11,14 @@
 #include <memory>
 #include <vector>
 
+#include "cache/entry_store.hpp"  // owner tags and the left-over temp files
+
 namespace smla::tools {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'M', 'L', 'A', 'I', 'N', 'P', '1'};
+// Another host's temp file (or one named by an older smla, without an owner) counts as left over once this old.
+constexpr int64_t kStaleTempS = 3600;
 
 struct Header {
   int32_t T, H, num_kv, topk, sink, kind;
@@ -115,7 +119,10 @@ bool read_inputs(const std::string& path, const Header& want, ref::Inputs* in, s
 
 // Writes to a temporary file beside `path`, flushed to disk, then renamed into place; "" or why it failed.
 std::string write_inputs(const std::string& path, const Header& h, const ref::Inputs& in) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // A writer killed part way left its temp file (1.6 GB at the seed shape) for good: removed by the next writer of
+  // the same inputs once its owner is gone, by the kernel cache's rule ("<file>.tmp.<host>.<pid>.<rand>").
+  cache::detail::remove_left_over_temps(path, kStaleTempS);
+  const std::string tmp = path + ".tmp." + cache::detail::owner_tag();
   std::string err;
   {
     File f(std::fopen(tmp.c_str(), "wb"));
