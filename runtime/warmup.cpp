@@ -162,6 +162,10 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     }
     // A target plan() would refuse (its syntax, its processor) first, whatever the compiler here; a dry run lists
     // without compiling, so only that.
+    if (family == "cuda" && !cuda::cuda_target_supported(target, &why)) {
+      res.errors.push_back(target + ": " + why);
+      continue;
+    }
     if (family == "hip" && !hip::hip_target_supported(target, &why)) {
       res.errors.push_back(target + ": " + why);
       continue;

@@ -374,6 +374,30 @@ TEST(Warmup, DryRunRefusesAnAmdTargetPlanWouldRefuse) {
   EXPECT_NE(r.errors[1].find("xnack"), std::string::npos) << r.errors[1];
 }
 
+// The same for NVIDIA: a target no GPU runs plan()'s kernels for was listed by a dry run and warmed (sm_90 filled keys
+// that plan(), which compiles sm_90a on Hopper, never looks up); sm_70 and sm_91 failed only kernel by kernel.
+TEST(Warmup, DryRunRefusesACudaTargetPlanNeverUses) {
+  TempDir scratch;
+  WarmupOptions o;
+  o.out_dir = scratch.path;
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  const WarmupResult r = warm_kernels({seed_problem()}, {"sm_70", "sm_91", "sm_90", "sm_", "sm_90a", "sm_80"}, o);
+  ASSERT_EQ(r.errors.size(), 4u);
+  for (const char* t : {"'sm_70'", "'sm_91'", "'sm_90'", "'sm_'"}) {
+    bool named = false;
+    for (const auto& e : r.errors) named = named || e.find(t) != std::string::npos;
+    EXPECT_TRUE(named) << t;
+  }
+  for (const auto& e : r.errors) {
+    EXPECT_NE(e.find("sm_90a"), std::string::npos) << "the message lists what is known: " << e;
+    if (e.rfind("sm_90:", 0) == 0) EXPECT_NE(e.find("warm sm_90a"), std::string::npos) << e;
+  }
+  std::set<std::string> listed;
+  for (const auto& it : r.items) listed.insert(it.target);
+  EXPECT_EQ(listed, (std::set<std::string>{"sm_90a", "sm_80"}));
+}
+
 TEST(ShapeSpec, NumbersRangesAndNames) {
   auto ps = parse_shape_spec("4096,128,5120,512");
   ASSERT_EQ(ps.size(), 1u);

@@ -2,8 +2,10 @@
 #include "cuda_backend.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 #include "cuda_api.hpp"
+#include "../planner.hpp"  // cuda_smem_limit
 #include "../tuning_db.hpp"
 
 namespace smla::cuda {
@@ -32,6 +34,32 @@ std::string target_for_cc(int major, int minor) {
                                         " is below the supported minimum 8.0 (mma.sync bf16)");
   if (major == 9 && minor == 0) return "sm_90a";
   return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
+bool cuda_target_supported(const std::string& target, std::string* why) {
+  size_t end = 3;
+  while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
+  const std::string digits = target.substr(3, end - 3);
+  std::string canonical;
+  if (target.rfind("sm_", 0) == 0 && digits.size() >= 2 && digits.size() <= 3 && digits[0] != '0') {
+    const int cc = std::stoi(digits);
+    try {
+      canonical = target_for_cc(cc / 10, cc % 10);
+    } catch (const Error&) {  // below sm_80
+    }
+  }
+  if (!canonical.empty() && canonical == target && cuda_smem_limit(target) != 0) return true;
+  if (why) {
+    std::string known;
+    for (int cc = 80; cc < 200; ++cc)
+      if (const std::string t = target_for_cc(cc / 10, cc % 10); cuda_smem_limit(t) != 0)
+        known += (known.empty() ? "" : ", ") + t;
+    *why = "'" + target + "' is not a CUDA target smla plans for (" + known + ")";
+    if (!canonical.empty() && canonical != target && cuda_smem_limit(canonical) != 0)
+      *why += ": a GPU of compute capability " + digits.substr(0, digits.size() - 1) + "." + digits.back() +
+              " runs " + canonical + " kernels, warm " + canonical;
+  }
+  return false;
 }
 
 CudaBackend::CudaBackend() = default;

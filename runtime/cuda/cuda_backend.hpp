@@ -59,5 +59,9 @@ class CudaBackend : public Backend {
 /// The compile target for a compute capability: sm_90a on Hopper, sm_XY from 8.0 up; throws
 /// Unsupported below sm_80.
 std::string target_for_cc(int major, int minor);
+/// Whether `target` is one plan() can produce on some NVIDIA GPU (target_for_cc of a compute capability whose shared
+/// memory the planner knows: sm_80, sm_86, sm_87, sm_89, sm_90a, sm_100, ...); else false and why (sm_90 is not:
+/// plan() compiles sm_90a for Hopper). What warm-up checks before it keys anything for a named target.
+bool cuda_target_supported(const std::string& target, std::string* why);
 
 }  // namespace smla::cuda
