@@ -52,9 +52,9 @@ struct Settings {
   std::string lock_dir;    ///< SMLA_CACHE_LOCK_DIR, node-local. Empty (default): <dir>/.locks when
                            ///< the cache is on a local filesystem, else /tmp/smla-locks-<uid>
   double lock_timeout_s = 120;  ///< SMLA_CACHE_LOCK_TIMEOUT_S: then the waiter compiles itself
-  int64_t stale_staging_s = 3600;  ///< SMLA_CACHE_STALE_S: staging of other hosts older than this
-                                   ///< is removed (same host: once its pid is gone and it is
-                                   ///< older than 10 minutes)
+  int64_t stale_staging_s = 3600;  ///< SMLA_CACHE_STALE_S: staging of any other process older than
+                                   ///< this is removed (same host: already once its pid is gone
+                                   ///< and it is older than 10 minutes)
   // Test-only hooks (CI fault injection; never set them in production).
   bool test_fail_writes = false;   ///< SMLA_CACHE_TEST_FAIL_WRITES=1: data writes fail with ENOSPC
   int test_publish_delay_ms = 0;   ///< SMLA_CACHE_TEST_PUBLISH_DELAY_MS: sleep mid-publish, after

@@ -65,6 +65,9 @@ void validate_problem(const Problem& p) {
     // Without a sink both conventions coincide: accepted.
   }
   if (p.device < 0) bad("device", std::to_string(p.device), "a device index >= 0");
+  // A C caller's smla_backend_t is any int: one outside the enum is a wrong option, not a missing backend.
+  if (p.backend < BackendKind::Auto || p.backend > BackendKind::Hip)
+    bad("backend", std::to_string(static_cast<int>(p.backend)), "0 (auto), 1 (cpu), 2 (cuda) or 3 (hip)");
 }
 
 void validate_config(const TileConfig& c) {

@@ -56,6 +56,10 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "scale", Status::InvalidArgument);
   p = seed_problem(), p.device = -1;
   expect_rejected(p, "device", Status::InvalidArgument);
+  for (int b : {-1, 4}) {  // an smla_backend_t outside the enum, from C: a wrong option, not NoBackend
+    p = seed_problem(), p.backend = static_cast<BackendKind>(b);
+    expect_rejected(p, "Problem::backend = " + std::to_string(b), Status::InvalidArgument);
+  }
   p = seed_problem(), p.T = 1 << 22, p.topk = 1024;
   expect_rejected(p, "T * topk", Status::InvalidArgument);
   // T past int32 is refused by name before T * topk is formed (2^59 * 32 wrapped to 0 and was accepted).

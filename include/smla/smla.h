@@ -8,8 +8,8 @@
  *   smla_plan_run(plan, &t, workspace, ws, stream);
  *   smla_plan_destroy(plan); smla_runtime_destroy(rt);
  *
- * Every function returns a status; on failure smla_last_error() (thread-local) says why, and a call that succeeds
- * clears it. */
+ * Every call that can fail returns a status; on failure smla_last_error() (thread-local) says why, and a call that
+ * succeeds clears it. */
 #ifndef SMLA_H
 #define SMLA_H
 #include <stddef.h>
@@ -118,7 +118,6 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info);
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
 smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
                             size_t workspace_bytes, void* stream);
-/* The last error message of this thread ("" when none). */
 /* The first out-of-range top-k index of the last run (a plan made with check_indices), read back from the workspace
    (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. */
 typedef struct {
@@ -128,6 +127,7 @@ typedef struct {
 } smla_bad_index_t;
 smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* workspace, void* stream,
                                      smla_bad_index_t* out, int* found);
+/* The last error message of this thread ("" when none). */
 const char* smla_last_error(void);
 /* SMLA_VERSION of the library linked. */
 int smla_version(void);

@@ -69,10 +69,10 @@ struct LseConvention {
 
 /// The problem: shapes and options. Tensors come later, at run().
 struct Problem {
-  int64_t T = 0;        ///< query tokens of the whole packed batch (>= 1)
+  int64_t T = 0;        ///< query tokens of the whole packed batch (>= 1; T * topk below 2^31)
   int64_t H = 0;        ///< heads: 16, 32, 64 or 128
-  int64_t num_kv = 0;   ///< rows of kv (>= 1)
-  int64_t topk = 0;     ///< slots per token (multiple of 16)
+  int64_t num_kv = 0;   ///< rows of kv (>= 1, below 2^31 - 1)
+  int64_t topk = 0;     ///< slots per token (a multiple of 16, at most 8192)
   int64_t head_dim = 512;  ///< must be 512
   bool has_sink = false;   ///< attn_sink given (then d_sink is produced)
   std::optional<float> scale;        ///< default 1/sqrt(512)
@@ -154,14 +154,16 @@ class Plan {
   virtual size_t workspace_bytes() const = 0;
   /// Launches the backward on `stream` (a cudaStream_t / hipStream_t, or null for the default
   /// stream; ignored by the CPU backend, which runs synchronously). Validates the tensors
-  /// (throws smla::Error naming the argument, before anything is launched). No allocation, no
-  /// compilation, no host synchronization.
+  /// (throws smla::Error naming the argument, before anything is launched). No device allocation,
+  /// no compilation, no host synchronization.
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
   /// Reads the index report left in `workspace` by the last run with check_indices
   /// (synchronizes the stream: not for use inside a graph capture).
   virtual std::optional<BadIndex> index_report(const void* workspace, void* stream) const = 0;
   virtual const PlanInfo& info() const = 0;
-  /// Runs phases [0, n) of the ordered launch list for per-phase timing; see info().kernels.
+  /// The ordered launch list, for per-phase timing: launch_count() launches (info().kernels names them);
+  /// run_launch(i) validates the tensors as run() does and runs launch i alone on `stream` (no side stream);
+  /// launch_phase(i) is its phase ("dq", ...). An i past the list throws InvalidArgument.
   virtual size_t launch_count() const = 0;
   virtual void run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size,
                           void* stream) const = 0;
