@@ -22,7 +22,7 @@ constexpr int kFormatVersion = 1;
 
 /// Everything that changes the compiled bytes of one kernel.
 struct KeyFields {
-  std::string kernel;     ///< entry name, e.g. "smla_dq"
+  std::string kernel;     ///< the phase's stem, e.g. "dq" (a translation unit may hold several entry points)
   std::string shape_tag;  ///< readable, e.g. "H128-K512-R512"
   std::string source;     ///< rendered translation unit
   std::vector<std::pair<std::string, std::string>> headers;  ///< (name, content) of every include
