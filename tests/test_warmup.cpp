@@ -171,6 +171,15 @@ void warm_cycle(const std::string& arch, const std::vector<std::string>& full_ta
   EXPECT_EQ(disk.stats().system_hits, int64_t(keys.size()));
 }
 
+// A dry run (keys listed, nothing compiled) into `out`, without the tuning database.
+WarmupOptions dry_run_options(const std::string& out) {
+  WarmupOptions o;
+  o.out_dir = out;
+  o.dry_run = true;
+  o.use_tuning_db = false;
+  return o;
+}
+
 TEST(Warmup, Sm90aCompilesThePlansKernelsOnceAndServesThemAsSystemCache) {
   cuda::NvrtcCompiler nvrtc;
   std::string why;
@@ -222,10 +231,7 @@ TEST(Warmup, Gfx90aWithoutAmdKernelSourcesFailsClearly) {
 // chunking differs; only a tuned config of another T bucket may change the kernel set.
 TEST(Warmup, TPolicyNewTReusesTheKernels) {
   TempDir scratch;
-  WarmupOptions o;
-  o.out_dir = scratch.path + "/aot";
-  o.dry_run = true;
-  o.use_tuning_db = false;
+  WarmupOptions o = dry_run_options(scratch.path + "/aot");
   auto keys_for = [&](int64_t T) {
     Problem p = seed_problem();
     p.T = T;
@@ -261,10 +267,7 @@ TEST(Warmup, TPolicyNewTReusesTheKernels) {
 // mma.sync one; a tuned dkv_impl = 1 in the database switches sm_90a's warm-up to mma.sync.
 TEST(Warmup, DkvBodyFollowsTargetAndTunedConfig) {
   TempDir scratch;
-  WarmupOptions o;
-  o.out_dir = scratch.path + "/aot";
-  o.dry_run = true;
-  o.use_tuning_db = false;
+  WarmupOptions o = dry_run_options(scratch.path + "/aot");
   auto dkv_tags = [&](const std::string& target) {
     const WarmupResult r = warm_kernels({seed_problem()}, {target}, o);
     EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
@@ -337,10 +340,7 @@ TEST(Warmup, TunedPersistentDqBodyIsWarmed) {
 
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
   TempDir scratch;
-  WarmupOptions o;
-  o.out_dir = scratch.path;
-  o.dry_run = true;
-  o.use_tuning_db = false;
+  WarmupOptions o = dry_run_options(scratch.path);
   Problem a = seed_problem(), b = seed_problem(), bad = seed_problem();
   b.T = 8192;
   bad.H = 48;
@@ -362,10 +362,7 @@ TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
 // A dry run names an AMD processor or target id plan() would refuse, as a real warm-up does (it listed their kernels).
 TEST(Warmup, DryRunRefusesAnAmdTargetPlanWouldRefuse) {
   TempDir scratch;
-  WarmupOptions o;
-  o.out_dir = scratch.path;
-  o.dry_run = true;
-  o.use_tuning_db = false;
+  WarmupOptions o = dry_run_options(scratch.path);
   const WarmupResult r = warm_kernels({seed_problem()}, {"gfx908", "gfx90a:xnack+:xnack-"}, o);
   EXPECT_TRUE(r.items.empty());
   ASSERT_EQ(r.errors.size(), 2u);
@@ -378,10 +375,7 @@ TEST(Warmup, DryRunRefusesAnAmdTargetPlanWouldRefuse) {
 // that plan(), which compiles sm_90a on Hopper, never looks up); sm_70 and sm_91 failed only kernel by kernel.
 TEST(Warmup, DryRunRefusesACudaTargetPlanNeverUses) {
   TempDir scratch;
-  WarmupOptions o;
-  o.out_dir = scratch.path;
-  o.dry_run = true;
-  o.use_tuning_db = false;
+  WarmupOptions o = dry_run_options(scratch.path);
   const WarmupResult r = warm_kernels({seed_problem()}, {"sm_70", "sm_91", "sm_90", "sm_", "sm_90a", "sm_80"}, o);
   ASSERT_EQ(r.errors.size(), 4u);
   for (const char* t : {"'sm_70'", "'sm_91'", "'sm_90'", "'sm_'"}) {
