@@ -41,18 +41,22 @@
 //
 // With DQW_PERSIST 1 as well (dq_impl 4; the host launches at most one CTA an SM, KernelSpec::persistent) each CTA
 // takes the blocks blockIdx.x, + gridDim.x, ... (block = token t, heads h0; t fastest) in turn:
-//   producer: per block, waits on qfree until the consumers are done with the last block's Q and dO (they arrive
+//   producer: per block, loads the token's top-k chunk and counts the run (the tiles up to the last valid slot, as
+//            dq_impl 3), waits on qfree until the consumers are done with the last block's Q and dO (they arrive
 //            after their last tile's S/dP wgmma: nothing reads Q or dO after it), copies this block's Q and dO,
-//            then its kv tiles as above; Q and dO are announced on qfull with tile 0.
-//            Its tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2)
+//            then the run's kv tiles as above; Q and dO are announced on qfull with tile 0, the run in s_nt. Its
+//            tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2). DQW_PF_LEAD tiles before a
+//            block's last it prefetches the CTA's next block's Q, dO, O rows and top-k chunk into L2.
 //   consumers: per block, named barrier 1 (sP, which holds delta, is free), wait qfull, the fused delta with O in
-//            two rounds of four heads (32 registers), the tiles, the epilogue
+//            two rounds of four heads (32 registers), the tiles, the epilogue: at the last chunk the bf16 dQ staged
+//            through the last tile's kv buffer in two passes of 32 heads, that buffer handed back after it (Q and
+//            dO's buffers may hold the next block's rows by then); an earlier chunk's fp32 carry from fragments.
 // So the next block's Q/dO copies run during this block's last element stage, dQ MMA, P/dS stores and epilogue.
 // setmaxnreg 208 / 88: the split with no local memory for this body (224 / 56 spilled the producer's block loop).
-// Measured on the H200 (perf notes v12): correct, but not faster than dq_impl 3: dq 2.47 against 2.41 ms at the
-// seed, 1.22 against 1.20 at TOPK 160 (end to end even there). The overlapped copies bought nothing (with qfree
-// moved after the epilogue, no overlap at all, it ran the same); prefetching the O rows into L2 was slower
-// (+0.035 ms). Asked for only.
+// Measured on the H200 (perf notes v12), before the run count, the staged epilogue and the prefetch: correct, but not
+// faster than dq_impl 3: dq 2.47 against 2.41 ms at the seed, 1.22 against 1.20 at TOPK 160 (end to end even there).
+// The overlapped copies bought nothing then (with qfree moved after the epilogue, no overlap at all, it ran the same);
+// prefetching the O rows into L2 was slower (+0.035 ms). Asked for only.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
@@ -283,25 +287,64 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
 }
 
 #if DQW_PERSIST
-// The persistent producer: the blocks blockIdx.x, + gridDim.x, ... in turn. Per block it waits until the consumers
-// are done reading the previous block's Q and dO (qfree: they arrive after their last S/dP wgmma), copies this
-// block's Q and dO rows (one commit group), then its kv tiles as dqw_producer does; Q and dO are announced on qfull
-// once their group has landed (with tile 0). g counts tiles over the blocks: buffer g % 2, phases g / 2.
-__device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, int n_tiles, char* sQ, char* sDO,
-                                                     unsigned akv0, int* sFlag, unsigned full0, unsigned empty0,
-                                                     unsigned qfull, unsigned qfree) {
+#ifndef DQW_PF_LEAD
+#define DQW_PF_LEAD 3  // tiles before a block's last at which the producer prefetches its CTA's next block
+#endif
+__device__ __forceinline__ void dqw_l2_prefetch_line(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
+// Block `blk`'s Q, dO and O rows and its top-k chunk into L2 (prefetch.global.L2, one 128-byte line an instruction, no
+// register written): thread tp the row of head tp % 64 of Q (tp < 64) or dO, threads 0-63 that head's O row too.
+__device__ __forceinline__ void dqw_prefetch_block(const SmlaParams& p, int blk) {
+  if (blk >= p.T * (HEADS / 64)) return;
+  const int t = blk % p.T, h0 = (blk / p.T) * 64;
+  const int tp = threadIdx.x - DQW_THREADS, hh = tp % 64;
+  const smla_bf16* row = tp < 64 ? p.q + t * p.q_st + (h0 + hh) * p.q_sh : p.dout + t * p.do_st + (h0 + hh) * p.do_sh;
+#pragma unroll
+  for (int seg = 0; seg < 8; ++seg) dqw_l2_prefetch_line(row + seg * 64);
+  if (tp < 64) {
+    const smla_bf16* orow = p.o + t * p.o_st + (h0 + hh) * p.o_sh;
+#pragma unroll
+    for (int seg = 0; seg < 8; ++seg) dqw_l2_prefetch_line(orow + seg * 64);
+  }
+  if (tp * 32 < smla_chunk_slots(p)) dqw_l2_prefetch_line(smla_topk_row(p, t) + tp * 32);
+}
+
+// The persistent producer: the blocks blockIdx.x, + gridDim.x, ... in turn. Per block it loads the token's top-k
+// indices (the run: the tiles up to the chunk's last valid slot, as dq_impl 3), waits on qfree until the consumers are
+// done reading the previous block's Q and dO (they arrive after their last S/dP wgmma), copies this block's Q and dO
+// rows (one commit group), then its kv tiles as dqw_producer does; the run's tile count goes to s_nt[it % 2] and Q and
+// dO are announced on qfull once their group has landed (with tile 0, or alone when the run is empty). DQW_PF_LEAD
+// tiles before a block's last it prefetches the CTA's next block's start-up rows into L2. g counts tiles over the
+// blocks: buffer g % 2, phases g / 2. s_last: [2][producer warps], the run's reduction, a buffer a block in turn.
+__device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* sQ, char* sDO, unsigned akv0,
+                                                     int* sFlag, unsigned full0, unsigned empty0, unsigned qfull,
+                                                     unsigned qfree, int (*s_last)[DQW_PROD_THREADS / 32], int* s_nt) {
   const int tp = threadIdx.x - DQW_THREADS, c = tp % 64, rbase = (tp / 64) * DQW_PROD_ROWS;
   const int n_blocks = p.T * (HEADS / 64);
+  const int n_chunk_tiles = (p.r_chunk + BLOCK_R - 1) / BLOCK_R;
   int g = 0;
   for (int blk = blockIdx.x, it = 0; blk < n_blocks; blk += gridDim.x, ++it) {
     const int t = blk % p.T, h0 = (blk / p.T) * 64;
     const int* topk_row = smla_topk_row(p, t);
+    int kvs[4];
+    smla_valid_slots_load<DQW_PROD_THREADS>(p, topk_row, tp, kvs);  // before the copies (smla_valid_slots_*)
     if (it > 0) smla_mbar_wait(qfree, (it - 1) & 1);
     dqw_load_qdo(p, sQ, sDO, t, h0, tp, 128);
     smla_cp_async_commit();
     int k[DQW_PROD_ROWS];
     dqw_prod_idx(p, topk_row, 0, k);
+    smla_valid_slots_reduce<DQW_PROD_THREADS>(p, topk_row, tp, kvs, s_last[it & 1]);
+    smla_named_sync<2, DQW_PROD_THREADS>();
+    const int n_tiles = min((smla_valid_slots_end<DQW_PROD_THREADS / 32>(s_last[it & 1]) + BLOCK_R - 1) / BLOCK_R,
+                            n_chunk_tiles);
+    if (tp == 0) s_nt[it & 1] = n_tiles;  // read by the consumers after qfull, which this thread's arrival releases
+    if (n_tiles == 0) {
+      dqw_prefetch_block(p, blk + gridDim.x);
+      smla_cp_async_announce<0>(qfull);  // Q and dO (dO for the delta; no tile reads them)
+      continue;
+    }
+    const int pf_tile = max(n_tiles - DQW_PF_LEAD, 0);
     for (int tile = 0; tile < n_tiles; ++tile, ++g) {
+      if (tile == pf_tile) dqw_prefetch_block(p, blk + gridDim.x);
       dqw_produce_tile(p, topk_row, k, tile, n_tiles, g, c, rbase, akv0, sFlag, empty0);
       if (tile == 0) smla_cp_async_announce<1>(qfull);  // Q and dO (the group before this tile's)
       smla_cp_async_announce<0>(full0 + 8 * (g & 1));
@@ -338,6 +381,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #if DQW_SKIP
   const int n_chunk_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
   __shared__ int s_last_prod[DQW_PROD_THREADS / 32], s_last_cons[DQW_THREADS / 32];
+#elif DQW_PERSIST
+  // The producer's run reduction (a buffer a block in turn) and each block's run, handed to the consumers with qfull.
+  __shared__ int s_last_pp[2][DQW_PROD_THREADS / 32], s_nt[2];
 #else
   const int n_tiles = (r_chunk + BLOCK_R - 1) / BLOCK_R;
 #endif
@@ -364,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   if (threadIdx.x >= DQW_THREADS) {
     smla_setmaxnreg_dec<DQW_REGS_PRODUCER>();
 #if DQW_PERSIST
-    dqw_producer_persist(p, n_tiles, sQ, sDO, smla_smem_addr(sKV), sFlag, full0, empty0, qfull, qfree);
+    dqw_producer_persist(p, sQ, sDO, smla_smem_addr(sKV), sFlag, full0, empty0, qfull, qfree, s_last_pp, s_nt);
 #else
     dqw_producer(p, topk_row, n_chunk_tiles, smla_smem_addr(sKV), sFlag, full0, empty0, s_last_prod);
 #endif
@@ -377,10 +423,12 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
 
 #if DQW_PERSIST
-  // The blocks (token t, heads h0 ..) blockIdx.x, + gridDim.x, ...; g0: the producer's tile count at tile 0.
+  // The blocks (token t, heads h0 ..) blockIdx.x, + gridDim.x, ...; g0: the producer's tile count at tile 0 (the
+  // runs of the blocks before, each read from s_nt).
   const int n_blocks = p.T * (HEADS / 64);
+  int g_next = 0;
   for (int blk = blockIdx.x, it = 0; blk < n_blocks; blk += gridDim.x, ++it) {
-    const int t = blk % p.T, h0 = (blk / p.T) * 64, g0 = it * n_tiles;
+    const int t = blk % p.T, h0 = (blk / p.T) * 64, g0 = g_next;
     if (it > 0) DQW_SYNC();  // every consumer is done with the last block's sP (delta lives there next)
 #else
     {
@@ -424,7 +472,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       lse_mine = smla_lse_natural(p.lse[t * p.lse_st + h * p.lse_sh], p.lse_mode, p.sink, h);
     }
 #if DQW_PERSIST
-    smla_mbar_wait(qfull, it & 1);  // Q and dO landed (the producer fenced them)
+    smla_mbar_wait(qfull, it & 1);  // Q and dO landed (the producer fenced them), and the block's run in s_nt
+    const int n_tiles = s_nt[it & 1];
+    g_next = g0 + n_tiles;
 #else
     smla_cp_async_wait<0>();
 #if DQW_PRODUCER
@@ -463,7 +513,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // eight dependent reductions with a one-lane branch between them), then lane j writes head j.
       float sums[DQW_DELTA_HEADS];
 #if DQW_PERSIST
-      // O in two rounds of four heads: 32 registers, not 64.
+      // O in two rounds of four heads after the qfull wait: 32 registers, not 64 (64 across the wait spilled 96 bytes
+      // in this body); the producer prefetched the rows into L2 during the last block.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         uint4 ov[DQW_DELTA_HEADS / 2][2];
@@ -497,6 +548,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       sDelta[threadIdx.x] = p.delta[th + threadIdx.x];
       sLse[threadIdx.x] = p.lse_n[th + threadIdx.x];
     }
+#if DQW_PERSIST
+    if (n_tiles == 0) smla_mbar_arrive(qfree);  // no S/dP reads Q or dO (the delta above was the last reader)
+#endif
     DQW_SYNC();
     // lse (base 2) and delta of the two rows
     const float la = sLse[hl_a] * DQW_LOG2E, lb = sLse[hl_b] * DQW_LOG2E;
@@ -523,6 +577,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     const unsigned pds_so = smla_swz128(pds_rl, pds_c * 8);
     const long long pds_o = ((long long)t * r_chunk + pds_rl) * HEADS + h0 + pds_c * 8;
 
+    // The persistent body's last chunk stages its bf16 dQ through the last tile's kv buffer (the epilogue below): the
+    // consumers hand that buffer back to the producer after the staging, not after the tile's dQ.
+    const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
       const int buf = (g0 + tile) & 1;
@@ -654,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       smla_wgmma_wait<0>();
       smla_fence_regs(acc);
 #if DQW_PRODUCER
-      smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with the buffer
+      if (!(defer_last && tile == n_tiles - 1)) smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with it
 #endif
     }
 #undef DQW_SYNC
@@ -722,8 +779,48 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       }
     }
 #else
-    dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
-                  [&](int h, int d, float& v0, float& v1) { smla_dq_store_pair<HEADS>(p, t, h, d, v0, v1); });
+    if (defer_last && n_tiles > 0) {
+      // The bf16 dQ (64 heads x 512 columns, 64 KB) through the last tile's kv buffer X (32 KB: Q and dO may already
+      // hold the next block's rows) in two passes of 32 heads: the warps holding them (2 pass and 2 pass + 1 of each
+      // warpgroup) write their fragments with stmatrix into rows of 1 KB (the 16-byte piece j of row r at j ^ (r % 8),
+      // as dq_impl 3's staging), then every consumer stores 8 pieces, a warp 512 contiguous bytes an instruction.
+      // X goes back to the producer (empty) once this thread has read its last pieces out.
+      const int xb = (g0 + n_tiles - 1) & 1;
+      char* X = sKV + xb * DQW_KVBYTES;
+      const unsigned x0 = smla_smem_addr(X);
+      const int mb = lane >> 3;
+      const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // the row (head of the block) of this lane's address
+      const int oj = threadIdx.x % 64, orow = threadIdx.x / 64;  // read-out: piece oj of rows orow + 4 k
+      dqw_sync();  // both warpgroups' last dQ wgmma are done with X
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        if ((warp >> 1) == pass) {
+          const int r = sr - 32 * pass;
+#pragma unroll
+          for (int i = 0; i < 32; i += 2) {
+            const unsigned w[4] = {smla_pack_bf2_rn(acc[4 * i], acc[4 * i + 1]),
+                                   smla_pack_bf2_rn(acc[4 * i + 2], acc[4 * i + 3]),
+                                   smla_pack_bf2_rn(acc[4 * i + 4], acc[4 * i + 5]),
+                                   smla_pack_bf2_rn(acc[4 * i + 6], acc[4 * i + 7])};
+            const int piece = 32 * wg + i + (mb >> 1);  // 16-byte piece (8 columns) of the 1 KB row
+            dqw_stmatrix_x4<false>(x0 + r * 1024 + ((piece ^ (r & 7)) << 4), w);
+          }
+        }
+        dqw_sync();  // this pass's rows are in X
+        smla_bf16* dst = p.dq + t * p.dq_st + (h0 + 32 * pass) * p.dq_sh + 8 * oj;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int r = orow + 4 * k;
+          *reinterpret_cast<uint4*>(dst + r * p.dq_sh) =
+              *reinterpret_cast<const uint4*>(X + r * 1024 + ((oj ^ (r & 7)) << 4));
+        }
+        if (pass == 0) dqw_sync();  // every piece of the first pass is read before the second overwrites X
+      }
+      smla_mbar_arrive(empty0 + 8 * xb);
+    } else {
+      dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
+                    [&](int h, int d, float& v0, float& v1) { smla_dq_store_pair<HEADS>(p, t, h, d, v0, v1); });
+    }
 #endif
   }  // the block (the persistent body: the blocks of this CTA)
 }
