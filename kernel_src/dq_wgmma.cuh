@@ -156,6 +156,23 @@ __device__ __forceinline__ void dqw_each_pair(float (&acc)[128], int h0, int hl_
       f(h0 + (half ? hl_b : hl_a), 256 * wg + 8 * i + 2 * (lane % 4), acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
 }
 
+// This warp's 16 rows of the warpgroup's dQ half as bf16 into a staging buffer with stmatrix (dq_impl 3's and 4's
+// epilogues): lane group mb = lane / 8 addresses row r (8 (mb % 2) + lane % 8 of the warp's 16, as the caller counts
+// rows) and the 16-byte piece piece0 + i + mb / 2 (8 columns) of it for fragment pair i; rows of ROW_BYTES, the piece j
+// of row r at j ^ (r % 8), so stmatrix's 8 rows fall on distinct banks.
+template <int ROW_BYTES>
+__device__ __forceinline__ void dqw_stage_bf16(const float (&acc)[128], unsigned base, int r, int piece0, int mb) {
+#pragma unroll
+  for (int i = 0; i < 32; i += 2) {
+    const unsigned w[4] = {smla_pack_bf2_rn(acc[4 * i], acc[4 * i + 1]),
+                           smla_pack_bf2_rn(acc[4 * i + 2], acc[4 * i + 3]),
+                           smla_pack_bf2_rn(acc[4 * i + 4], acc[4 * i + 5]),
+                           smla_pack_bf2_rn(acc[4 * i + 6], acc[4 * i + 7])};
+    const int piece = piece0 + i + (mb >> 1);
+    dqw_stmatrix_x4<false>(base + r * ROW_BYTES + ((piece ^ (r & 7)) << 4), w);
+  }
+}
+
 // Q and dO of the block's heads (token t, heads h0 ..) into sQ and sDO, swizzled: row = head, 8 chunks of 64
 // columns; 16-byte pieces first, first + stride, ... (the computing threads, or the persistent producer's).
 __device__ __forceinline__ void dqw_load_qdo(const SmlaParams& p, char* sQ, char* sDO, int t, int h0, int first,
@@ -734,22 +751,13 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     };
     if (p.chunk == p.n_chunks - 1) {
       // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through the staging buffer with stmatrix, then
-      // to global memory in 16-byte pieces, a warp one head's 512 contiguous bytes an instruction. Rows of 512 bytes, the 16-byte piece j of row r at j ^ (r % 8):
-      // stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
+      // to global memory in 16-byte pieces, a warp one head's 512 contiguous bytes an instruction. Rows of 512 bytes
+      // (dqw_stage_bf16): stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
       // lane into 8 rows) held the epilogue at the SM's store path: stored into 8 MB that stay in L2 they cost as
       // much, and leaving them out saved 0.11-0.17 ms of dq (perf notes v16).
-      const unsigned st0 = smla_smem_addr(stage);
       const int mb = lane >> 3;                           // stmatrix: block of this lane's address
       const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // its row (head in the block)
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const unsigned w[4] = {smla_pack_bf2_rn(acc[4 * i], acc[4 * i + 1]),
-                               smla_pack_bf2_rn(acc[4 * i + 2], acc[4 * i + 3]),
-                               smla_pack_bf2_rn(acc[4 * i + 4], acc[4 * i + 5]),
-                               smla_pack_bf2_rn(acc[4 * i + 6], acc[4 * i + 7])};
-        const int piece = i + (mb >> 1);                  // 16-byte piece (8 columns) of the row
-        dqw_stmatrix_x4<false>(st0 + sr * 512 + ((piece ^ (sr & 7)) << 4), w);
-      }
+      dqw_stage_bf16<512>(acc, smla_smem_addr(stage), sr, 0, mb);
       stage_sync();
       smla_bf16* dst = p.dq + t * p.dq_st + h0 * p.dq_sh + 256 * wg + 8 * lane;
 #pragma unroll
@@ -795,16 +803,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
         if ((warp >> 1) == pass) {
-          const int r = sr - 32 * pass;
-#pragma unroll
-          for (int i = 0; i < 32; i += 2) {
-            const unsigned w[4] = {smla_pack_bf2_rn(acc[4 * i], acc[4 * i + 1]),
-                                   smla_pack_bf2_rn(acc[4 * i + 2], acc[4 * i + 3]),
-                                   smla_pack_bf2_rn(acc[4 * i + 4], acc[4 * i + 5]),
-                                   smla_pack_bf2_rn(acc[4 * i + 6], acc[4 * i + 7])};
-            const int piece = 32 * wg + i + (mb >> 1);  // 16-byte piece (8 columns) of the 1 KB row
-            dqw_stmatrix_x4<false>(x0 + r * 1024 + ((piece ^ (r & 7)) << 4), w);
-          }
+          dqw_stage_bf16<1024>(acc, x0, sr - 32 * pass, 32 * wg, mb);  // the warpgroup's half of the 1 KB row
         }
         dqw_sync();  // this pass's rows are in X
         smla_bf16* dst = p.dq + t * p.dq_st + (h0 + 32 * pass) * p.dq_sh + 8 * oj;
