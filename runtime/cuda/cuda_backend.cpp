@@ -2,10 +2,9 @@
 #include "cuda_backend.hpp"
 
 #include <algorithm>
-#include <cctype>
 
 #include "cuda_api.hpp"
-#include "../planner.hpp"  // cuda_smem_limit
+#include "../planner.hpp"  // parse_cuda_target, cuda_smem_limit
 #include "../tuning_db.hpp"
 
 namespace smla::cuda {
@@ -37,14 +36,11 @@ std::string target_for_cc(int major, int minor) {
 }
 
 bool cuda_target_supported(const std::string& target, std::string* why) {
-  size_t end = 3;
-  while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
-  const std::string digits = target.substr(3, end - 3);
-  std::string canonical;
-  if (target.rfind("sm_", 0) == 0 && digits.size() >= 2 && digits.size() <= 3 && digits[0] != '0') {
-    const int cc = std::stoi(digits);
+  const std::optional<CudaTargetName> name = parse_cuda_target(target);
+  std::string canonical;  // what plan() compiles for a GPU of the name's compute capability
+  if (name) {
     try {
-      canonical = target_for_cc(cc / 10, cc % 10);
+      canonical = target_for_cc(name->cc / 10, name->cc % 10);
     } catch (const Error&) {  // below sm_80
     }
   }
@@ -56,7 +52,7 @@ bool cuda_target_supported(const std::string& target, std::string* why) {
         known += (known.empty() ? "" : ", ") + t;
     *why = "'" + target + "' is not a CUDA target smla plans for (" + known + ")";
     if (!canonical.empty() && canonical != target && cuda_smem_limit(canonical) != 0)
-      *why += ": a GPU of compute capability " + digits.substr(0, digits.size() - 1) + "." + digits.back() +
+      *why += ": a GPU of compute capability " + std::to_string(name->cc / 10) + "." + std::to_string(name->cc % 10) +
               " runs " + canonical + " kernels, warm " + canonical;
   }
   return false;
