@@ -616,6 +616,26 @@ TEST(WarmupTool, KernelNotWrittenIsOneFailureNamed) {
   EXPECT_EQ(named, kernels) << r.out;
 }
 
+// A warm-up that could not be done is exit 1, as a failed kernel is: the options were sound (an --out that cannot be
+// written, here under a regular file: root too is refused). 2 stays for usage errors, a --json-file that is not there
+// too. Every error thrown was 2 before.
+TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
+  TempDir scratch;
+  ToolRun r = warmup_tool("--arch sm_80 --json-file " + scratch.path + "/none.json --out " + scratch.path + "/aot", scratch);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(scratch.path + "/none.json"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(scratch.path + "/aot")) << "a usage error warmed nothing";
+
+  std::string why;
+  ASSERT_TRUE(cuda::NvrtcCompiler().available(&why)) << "CI has NVRTC (without it nothing is to be written): " << why;
+  const std::string file = scratch.path + "/a-file";
+  std::ofstream(file) << "not a directory\n";
+  r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --out " + file + "/aot", scratch);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("smla-warmup: cannot write the warm-up output directory " + file + "/aot"), std::string::npos)
+      << r.err;
+}
+
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {
   TempDir scratch;
   std::string why;
