@@ -139,8 +139,12 @@ for v in variants:
             lines = [json.loads(l) for l in open("%s/%s_%s_r%d.log" % (out, v, tag, r)) if l.startswith("{")]
         except OSError:
             continue
+        seen = {}  # a body listed twice (an A/A, --dq-impl 3,3): a row for each, "#2" for the second
         for j in lines:
             label = v if len(lines) == 1 else "%s dq%d/dkv%d" % (v, j["dq_impl"], j["dkv_impl"])
+            seen[label] = seen.get(label, 0) + 1
+            if seen[label] > 1:
+                label += " #%d" % seen[label]
             bodies.setdefault(label, []).append(j)
     if not bodies:
         why = []  # the rounds' exit statuses: 124 the STEP timeout, no status at all a budget skip

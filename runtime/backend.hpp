@@ -54,6 +54,14 @@ class LoadedKernel {
 /// say so).
 enum class PointerKind { Device, Host, Unknown, Unreadable };
 
+/// Where a pointer lives, for argument validation.
+struct PointerInfo {
+  PointerKind kind = PointerKind::Unknown;
+  /// For device memory: the device it was allocated on, when that is not the one asked about; -1 when it is, when the
+  /// memory is managed (every device can use it) or when the backend cannot tell.
+  int other_device = -1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -77,11 +85,9 @@ class Backend {
   virtual bool is_binary_refusal(const Error& /*e*/) const { return true; }
   /// Launches only: no allocation, no synchronization.
   virtual void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) = 0;
-  /// Where a pointer lives, for argument validation.
-  virtual PointerKind pointer_kind(const void* ptr) const = 0;
-  /// For device memory at `ptr`: the device it was allocated on, when that is not `device`; -1 when it is
-  /// `device`, when the memory is managed (every device can use it) or when the backend cannot tell.
-  virtual int other_device(const void* /*ptr*/, int /*device*/) const { return -1; }
+  /// Where `ptr` lives, for a plan of `device`: one question a pointer (run() asks it of every tensor; the CUDA
+  /// backend asks the driver once).
+  virtual PointerInfo pointer_info(const void* ptr, int device) const = 0;
   /// Resource limits for validation of configs.
   virtual size_t max_shared_memory(int device) const = 0;
   /// Fork and join for steps that may run beside the main order (Step::side). A backend that

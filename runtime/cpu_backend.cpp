@@ -49,7 +49,7 @@ void CpuBackend::launch(const LoadedKernel& k, const KernelSpec&, const SmlaPara
   static_cast<const CpuKernel&>(k).fn(p);
 }
 
-PointerKind CpuBackend::pointer_kind(const void* ptr) const {
+PointerInfo CpuBackend::pointer_info(const void* ptr, int) const {
   // Device memory handed to the CPU backend would crash it: ask the driver when smla has opened it (opening it here
   // would initialise CUDA in a CPU-only process, whose forked children could then not use CUDA); device memory the
   // driver was not asked about is not readable from the host, which readable_here finds.
@@ -59,10 +59,10 @@ PointerKind CpuBackend::pointer_kind(const void* ptr) const {
     if (d->PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(ptr)) ==
             CUDA_SUCCESS &&
         type == CU_MEMORYTYPE_DEVICE)
-      return PointerKind::Device;
+      return {PointerKind::Device};
   }
-  if (ptr && !readable_here(ptr)) return PointerKind::Unreadable;  // e.g. no usable driver (a symbol missing)
-  return PointerKind::Host;
+  if (ptr && !readable_here(ptr)) return {PointerKind::Unreadable};  // e.g. no usable driver (a symbol missing)
+  return {PointerKind::Host};
 }
 
 void CpuBackend::read_back(void* dst, const void* src, size_t bytes, void*) const { std::memcpy(dst, src, bytes); }

@@ -15,7 +15,7 @@ class CpuBackend : public Backend {
   std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                      int device) override;
   void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
-  PointerKind pointer_kind(const void* ptr) const override;
+  PointerInfo pointer_info(const void* ptr, int device) const override;
   size_t max_shared_memory(int) const override { return 0; }
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
 };

@@ -5,7 +5,9 @@
 #include "backend.hpp"
 
 namespace smla {
-/// Writes the translation unit and its headers under $SMLA_DUMP_DIR (default
-/// $TMPDIR/smla-failed) and returns the path of the main file ("(not written)" on failure).
+/// Writes the translation unit and its headers into a directory of their own under $SMLA_DUMP_DIR (default
+/// $TMPDIR/smla-failed; created as needed), named by the source's stem, the target and a hash of every byte, the
+/// headers beside the source under their names; returns the path of the source, or "(not written: why)". Never throws.
+/// The one writer of NVRTC, hipRTC and the hipRTC worker process (which links this file: runtime/hip/CMakeLists.txt).
 std::string dump_failed_source(const RenderedSource& src, const std::string& target);
 }  // namespace smla

@@ -38,7 +38,8 @@ void check_ptr(const Backend& be, int device, const void* ptr, const char* name,
               std::to_string(align) + "-byte alignment (got " +
                   std::to_string(reinterpret_cast<uintptr_t>(ptr) % align) + " bytes off)",
               Status::InvalidArgument, file, line);
-  const PointerKind k = be.pointer_kind(ptr);
+  const PointerInfo where = be.pointer_info(ptr, device);
+  const PointerKind k = where.kind;
   const bool cpu = be.name() == "cpu";
   if (cpu && k == PointerKind::Device)
     arg_error(name, "host memory for the cpu backend (got a device pointer)", Status::InvalidArgument, file, line);
@@ -48,12 +49,11 @@ void check_ptr(const Backend& be, int device, const void* ptr, const char* name,
   if (!cpu && k == PointerKind::Host)
     arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)", Status::InvalidArgument,
               file, line);
-  if (!cpu && k == PointerKind::Device) {
-    const int other = be.other_device(ptr, device);
-    if (other >= 0)
-      arg_error(name, "memory on device " + std::to_string(device) + " (got device " + std::to_string(other) + ")",
-                Status::InvalidArgument, file, line);
-  }
+  if (!cpu && k == PointerKind::Device && where.other_device >= 0)
+    arg_error(name,
+              "memory on device " + std::to_string(device) + " (got device " + std::to_string(where.other_device) +
+                  ")",
+              Status::InvalidArgument, file, line);
 }
 
 int64_t stride_or(int64_t given, int64_t packed, const char* name, int64_t multiple, int64_t at_least,

@@ -119,15 +119,22 @@ int radix_bits_for_passes(int64_t num_kv, int passes) {
   return std::max(kCsrMinRadixBits, (csr_key_bits(num_kv) + passes - 1) / passes);
 }
 
-unsigned cuda_smem_limit(const std::string& target) {
-  if (target.rfind("sm_", 0) != 0) return 0;
+std::optional<CudaTargetName> parse_cuda_target(const std::string& target) {
+  if (target.rfind("sm_", 0) != 0) return std::nullopt;
   size_t end = 3;
   while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
-  if (end == 3 || end > 6) return 0;
+  const size_t digits = end - 3;
+  if (digits < 2 || digits > 3 || target[3] == '0') return std::nullopt;
   const std::string rest = target.substr(end);
-  if (!rest.empty() && rest != "a" && rest != "f") return 0;
+  if (!rest.empty() && rest != "a" && rest != "f") return std::nullopt;
+  return CudaTargetName{std::stoi(target.substr(3, digits)), rest.empty() ? '\0' : rest[0]};
+}
+
+unsigned cuda_smem_limit(const std::string& target) {
+  const std::optional<CudaTargetName> name = parse_cuda_target(target);
+  if (!name) return 0;
   constexpr unsigned kb = 1024;
-  switch (std::stoi(target.substr(3, end - 3))) {
+  switch (name->cc) {
     case 80: case 87: return 163 * kb;
     case 86: case 89: case 120: case 121: return 99 * kb;
     case 90: case 100: case 101: case 103: case 110: return 227 * kb;

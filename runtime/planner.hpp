@@ -2,6 +2,7 @@
 // Pure functions of their inputs (no device, no files), so they are unit-tested in CI.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,19 @@ int radix_bits_for_passes(int64_t num_kv, int passes);
 /// CUDA's csr sort (CUB's onesweep) ranks 2^bits digits with a warp's 32 lanes: at least 32 digits a pass.
 constexpr int kCsrMinRadixBits = 5;
 
+/// A CUDA target name split: "sm_<compute capability>[a|f]", the capability two or three digits with no leading 0.
+struct CudaTargetName {
+  int cc = 0;       ///< major * 10 + minor: 90 for "sm_90a", 100 for "sm_100f"
+  char suffix = 0;  ///< 0, 'a' (arch-specific) or 'f' (family)
+};
+/// The one parse of a CUDA target name, which cuda_smem_limit and cuda::cuda_target_supported both read; nullopt for
+/// anything else ("gfx950", "sm_", "sm_9", "sm_090", "sm_1000", "sm_90b").
+std::optional<CudaTargetName> parse_cuda_target(const std::string& target);
+
 /// The shared memory a block may opt in to on a CUDA target ("sm_80": 163 KB, "sm_86" and "sm_89": 99 KB, "sm_90a":
 /// 227 KB, ...: the CUDA programming guide's table by compute capability), or 0 for a target it does not know (a HIP
-/// one, a future sm_*): the planner then sizes for Hopper and loading the kernel checks the device itself.
+/// one, a future sm_*, a name parse_cuda_target refuses): the planner then sizes for Hopper and loading the kernel
+/// checks the device itself.
 unsigned cuda_smem_limit(const std::string& target);
 
 /// The planner's choices for a validated problem (chunking, csr geometry, tiles).

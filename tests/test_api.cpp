@@ -661,7 +661,7 @@ class ForkingBackend : public Backend {
       throw Error(Status::DriverError, "CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure", __FILE__, __LINE__,
                   "cuLaunchKernel(...)");
   }
-  PointerKind pointer_kind(const void*) const override { return PointerKind::Device; }
+  PointerInfo pointer_info(const void*, int) const override { return {PointerKind::Device}; }
   size_t max_shared_memory(int) const override { return 0; }
   void read_back(void*, const void*, size_t, void*) const override {}
   void* acquire_side_stream(int) override { return &side; }

@@ -3,18 +3,22 @@
 //   - a process that only uses the CPU backend never initialises CUDA (its forked children could not use it);
 //   - in a child forked after smla initialised CUDA, the CUDA backend is unusable and says why (fork), plan() on it
 //     is refused with that reason, and Auto resolves to the CPU;
-//   - a child of a process that initialised CUDA itself (PyTorch, say) is told to use spawn when cuInit fails.
+//   - a child of a process that initialised CUDA itself (PyTorch, say) is told to use spawn when cuInit fails;
+//   - the CUDA backend asks the driver once about each pointer run() checks.
 // Each scenario is this executable run again with --scenario NAME; it prints what it found, one item a line.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "runtime/cuda/cuda_api.hpp"
+#include "runtime/cuda/cuda_backend.hpp"
 #include "smla/smla.hpp"
 #include "tests/e2e_common.hpp"
 
@@ -23,13 +27,19 @@ namespace {
 
 const Case kTiny{16, 16, 40, 64, 0, true, ref::TopkKind::Uniform};
 
-int stub_cuinit_calls() {
+// One of the stub's counters (smla_stub_cuinit_calls, smla_stub_pointer_queries); 0 when the stub is not loaded.
+int stub_count(const char* counter) {
   void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);
   if (!h) return 0;  // not even loaded
-  auto fn = reinterpret_cast<int (*)()>(dlsym(h, "smla_stub_cuinit_calls"));
+  auto fn = reinterpret_cast<int (*)()>(dlsym(h, counter));
   const int n = fn ? fn() : -1;
   dlclose(h);
   return n;
+}
+
+// The stub's device memory (tests/stub/libcuda_stub.c): device `ordinal`'s, managed or not.
+const void* stub_device_ptr(int ordinal, bool managed) {
+  return reinterpret_cast<const void*>(0xd00000000000ull | (uint64_t(ordinal) << 32) | (managed ? 1ull << 31 : 0));
 }
 
 void run_cpu_case() {
@@ -71,7 +81,22 @@ int fork_and_report() {
 int scenario(const std::string& name) {
   if (name == "cpu-only") {
     run_cpu_case();
-    std::printf("cuinit=%d\n", stub_cuinit_calls());
+    std::printf("cuinit=%d\n", stub_count("smla_stub_cuinit_calls"));
+    return 0;
+  }
+  if (name == "pointer-queries") {  // what run() asks of each tensor, for a plan of device 0
+    const cuda::CudaBackend be;
+    const int host = 0;
+    const std::pair<const char*, const void*> ptrs[] = {{"host", &host},
+                                                        {"device0", stub_device_ptr(0, false)},
+                                                        {"device1", stub_device_ptr(1, false)},
+                                                        {"managed1", stub_device_ptr(1, true)}};
+    for (const auto& [what, ptr] : ptrs) {
+      const int before = stub_count("smla_stub_pointer_queries");
+      const PointerInfo where = be.pointer_info(ptr, 0);
+      std::printf("%s kind=%d other=%d queries=%d\n", what, int(where.kind), where.other_device,
+                  stub_count("smla_stub_pointer_queries") - before);
+    }
     return 0;
   }
   if (name == "fork-after-init") {
@@ -149,6 +174,20 @@ TEST(DriverFork, AChildOfAProcessThatInitialisedCudaIsToldToSpawn) {
   EXPECT_TRUE(has(out, "child ok=0\n")) << out;
   EXPECT_TRUE(has(out, "CUDA_ERROR_NOT_INITIALIZED")) << out;
   EXPECT_TRUE(has(out, "start workers with spawn")) << out;
+}
+
+// run() checks each tensor's memory type, device and managedness (Plan::run's check_ptr) with one driver query: it
+// asked twice for each device pointer (the type, then the ordinal), three times for another device's.
+TEST(DriverFork, OnePointerQueryATensor) {
+  const std::string out = run_scenario("pointer-queries");
+  const auto line = [](const char* what, PointerKind kind, int other) {
+    return std::string(what) + " kind=" + std::to_string(int(kind)) + " other=" + std::to_string(other) +
+           " queries=1\n";
+  };
+  EXPECT_TRUE(has(out, line("host", PointerKind::Host, -1))) << out;
+  EXPECT_TRUE(has(out, line("device0", PointerKind::Device, -1))) << out;
+  EXPECT_TRUE(has(out, line("device1", PointerKind::Device, 1))) << out;
+  EXPECT_TRUE(has(out, line("managed1", PointerKind::Device, -1))) << out;  // managed memory serves every device
 }
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.

@@ -2,9 +2,13 @@
 // the planner can choose for the supported shapes, for sm_90a (and the generic sm_80 path).
 // Needs NVRTC and the CUDA headers, which CI has: a missing NVRTC fails, it does not skip.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -14,6 +18,7 @@
 #include "kernel_src/common.cuh"
 #include "runtime/cuda/kernels_cuda.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/dump.hpp"
 #include "runtime/env.hpp"
 #include "runtime/planner.hpp"
 #include "tests/planner_shapes.hpp"
@@ -573,6 +578,44 @@ TEST(NvrtcOffline, CompileErrorsCarryTheLogAndTheDumpedSource) {
     EXPECT_NE(what.find("this_is_not_declared"), std::string::npos) << what;  // the log
     EXPECT_NE(what.find("dumped to"), std::string::npos) << what;
   }
+}
+
+// The one writer of failed sources (NVRTC's, hipRTC's, the hipRTC worker's): a directory a failure under
+// SMLA_DUMP_DIR, made with its parents, the source beside its headers (in their subdirectories too), named by every
+// byte. The two writers before did each a part of this: NVRTC's made only the last directory and named a failure by
+// its text alone (the same text with other headers overwrote the first dump); hipRTC's put the headers elsewhere.
+TEST(NvrtcOffline, FailedSourcesAreDumpedWhole) {
+  char tmpl[] = "/tmp/smla-dump-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path root = tmpl;
+  const std::string dump_dir = (root / "not" / "yet").string();
+  ::setenv("SMLA_DUMP_DIR", dump_dir.c_str(), 1);
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  RenderedSource src{"dq.cu", "#include \"common.cuh\"\n#include \"sub/x.h\"\n", {{"common.cuh", "// one\n"}, {"sub/x.h", "// x\n"}}};
+  const std::filesystem::path first = dump_failed_source(src, "gfx90a:xnack-");
+  ASSERT_TRUE(std::filesystem::is_regular_file(first)) << first;
+  EXPECT_EQ(first.parent_path().parent_path().string(), dump_dir);
+  EXPECT_EQ(first.filename(), "dq.cu");
+  EXPECT_EQ(first.parent_path().filename().string().rfind("dq-gfx90a_xnack--", 0), 0u) << first;
+  EXPECT_EQ(slurp(first), src.text);
+  EXPECT_EQ(slurp(first.parent_path() / "common.cuh"), "// one\n");
+  EXPECT_EQ(slurp(first.parent_path() / "sub" / "x.h"), "// x\n");
+
+  src.headers[0].second = "// two\n";  // the same text, another header: another dump, the first one kept
+  const std::filesystem::path second = dump_failed_source(src, "gfx90a:xnack-");
+  EXPECT_NE(second, first);
+  EXPECT_EQ(slurp(second.parent_path() / "common.cuh"), "// two\n");
+  EXPECT_EQ(slurp(first.parent_path() / "common.cuh"), "// one\n");
+  EXPECT_EQ(dump_failed_source(src, "gfx90a:xnack-"), second.string()) << "the same failure, the same place";
+
+  std::ofstream(root / "a-file") << "not a directory\n";  // a dump that cannot be written says so, never throws
+  ::setenv("SMLA_DUMP_DIR", (root / "a-file" / "d").c_str(), 1);
+  EXPECT_EQ(dump_failed_source(src, "sm_90a").rfind("(not written: ", 0), 0u);
+  ::unsetenv("SMLA_DUMP_DIR");
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

@@ -10,12 +10,14 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cache/kernel_cache.hpp"
+#include "runtime/cuda/cuda_backend.hpp"
 #include "runtime/cuda/kernels_cuda.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/env.hpp"
@@ -392,6 +394,40 @@ TEST(Warmup, DryRunRefusesACudaTargetPlanNeverUses) {
   EXPECT_EQ(listed, (std::set<std::string>{"sm_90a", "sm_80"}));
 }
 
+// One parse of "sm_NN[a|f]" (parse_cuda_target) serves the planner's shared-memory table and warm-up's target check.
+// Each had its own before, and they disagreed: the table read "sm_090" and "sm_080" as sm_90 and sm_80 (227 and 163
+// KB) while the check refused them.
+TEST(Warmup, CudaTargetNamesHaveOneParse) {
+  std::optional<CudaTargetName> n = parse_cuda_target("sm_90a");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->cc, 90);
+  EXPECT_EQ(n->suffix, 'a');
+  n = parse_cuda_target("sm_100f");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->cc, 100);
+  EXPECT_EQ(n->suffix, 'f');
+  n = parse_cuda_target("sm_80");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->cc, 80);
+  EXPECT_EQ(n->suffix, '\0');
+  for (const char* t : {"sm_090", "sm_080", "sm_9", "sm_1000", "sm_90b", "sm_90af", "sm_", "sm90a", "SM_90a", "gfx950"}) {
+    EXPECT_FALSE(parse_cuda_target(t)) << t;
+    EXPECT_EQ(cuda_smem_limit(t), 0u) << t;
+    EXPECT_FALSE(cuda::cuda_target_supported(t, nullptr)) << t;
+  }
+  // Every name the check accepts is in the table; these, and no others, are accepted.
+  std::set<std::string> accepted;
+  for (int cc = 10; cc < 1000; ++cc)
+    for (const char* suffix : {"", "a", "f"}) {
+      const std::string t = "sm_" + std::to_string(cc) + suffix;
+      if (!cuda::cuda_target_supported(t, nullptr)) continue;
+      accepted.insert(t);
+      EXPECT_NE(cuda_smem_limit(t), 0u) << t;
+    }
+  EXPECT_EQ(accepted, (std::set<std::string>{"sm_80", "sm_86", "sm_87", "sm_89", "sm_90a", "sm_100", "sm_101",
+                                             "sm_103", "sm_110", "sm_120", "sm_121"}));
+}
+
 TEST(ShapeSpec, NumbersRangesAndNames) {
   auto ps = parse_shape_spec("4096,128,5120,512");
   ASSERT_EQ(ps.size(), 1u);
@@ -578,6 +614,26 @@ TEST(WarmupTool, KernelNotWrittenIsOneFailureNamed) {
       EXPECT_NE(line.find("compiled but not written"), std::string::npos) << line;
     }
   EXPECT_EQ(named, kernels) << r.out;
+}
+
+// A warm-up that could not be done is exit 1, as a failed kernel is: the options were sound (an --out that cannot be
+// written, here under a regular file: root too is refused). 2 stays for usage errors, a --json-file that is not there
+// too. Every error thrown was 2 before.
+TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
+  TempDir scratch;
+  ToolRun r = warmup_tool("--arch sm_80 --json-file " + scratch.path + "/none.json --out " + scratch.path + "/aot", scratch);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(scratch.path + "/none.json"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(scratch.path + "/aot")) << "a usage error warmed nothing";
+
+  std::string why;
+  ASSERT_TRUE(cuda::NvrtcCompiler().available(&why)) << "CI has NVRTC (without it nothing is to be written): " << why;
+  const std::string file = scratch.path + "/a-file";
+  std::ofstream(file) << "not a directory\n";
+  r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --out " + file + "/aot", scratch);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("smla-warmup: cannot write the warm-up output directory " + file + "/aot"), std::string::npos)
+      << r.err;
 }
 
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {

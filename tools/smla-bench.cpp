@@ -211,6 +211,13 @@ int run(const Options& o) {
   p.backend = o.backend == "cuda" || (o.backend == "auto" && cuda_here) ? smla::BackendKind::Cuda
                                                                         : smla::BackendKind::Cpu;
   const bool gpu = p.backend == smla::BackendKind::Cuda;
+  // The bodies are the GPU's: the CPU backend has one a phase, and would time it under each label.
+  for (const auto& [option, impls] : {std::pair{"--dq-impl", &o.dq_impls}, std::pair{"--dkv-impl", &o.dkv_impls}})
+    if (!gpu && std::any_of(impls->begin(), impls->end(), [](int i) { return i != 0; }))
+      throw smla::Error(smla::Status::InvalidArgument,
+                        std::string(option) + " names GPU kernel bodies, and the " + smla::backend_name(p.backend) +
+                            " backend runs its one body for each phase, whatever the label: time them with "
+                            "--backend cuda (0, the planner's choice, is the CPU's body; 0,0 times it twice)");
   std::string shape = o.shape.empty() ? (gpu ? "4096,128,5120,512" : "256,16,320,160") : o.shape;
   smla::tools::set_one_shape(p, shape);
   p.has_sink = !o.no_sink;
@@ -378,7 +385,8 @@ int main(int argc, char** argv) {
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
                  "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (even with 3 at TOPK 160, "
-                 "slower at 1152) (several: timed in alternating rounds, each with its ratio to the first)")
+                 "slower at 1152) (several: timed in alternating rounds, each with its ratio to the first); the GPU's: "
+                 "on the CPU backend only 0")
       ->delimiter(',')
       ->transform(smla::tools::decimal(o.dq_impls))
       ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));

@@ -55,24 +55,40 @@ std::vector<smla::Problem> gather_problems(const Options& o) {
   return out;
 }
 
-int run(const Options& o) {
+// What the options ask for: the problems, the targets as compiled and the warm-up's options.
+struct Request {
+  std::vector<smla::Problem> problems;
+  std::vector<std::string> targets;
   smla::WarmupOptions w;
-  const std::vector<smla::Problem> problems = gather_problems(o);
-  std::vector<std::string> targets = o.archs;
-  if (targets.empty()) {
+};
+
+// Reads the options; what it throws is a usage error (exit 2): a bad --shape or --json-file, no problem, no target.
+Request read_request(const Options& o) {
+  Request q;
+  q.problems = gather_problems(o);
+  q.targets = o.archs;
+  if (q.targets.empty()) {
     std::string why;
-    targets = smla::present_targets(&why);
-    if (targets.empty())
+    q.targets = smla::present_targets(&why);
+    if (q.targets.empty())
       throw smla::Error(smla::Status::NoBackend,
                         "no GPU here to take the targets from (" + why +
                             "): name them with --arch, e.g. --arch sm_90a,gfx950");
   }
-  targets = smla::warm_targets(targets);  // as compiled: "gfx90a" -> its xnack- and xnack+ ids
-  w.out_dir = o.out.empty() ? smla::cache::settings_from_env().dir : o.out;
-  w.jobs = o.jobs;
-  w.dry_run = o.dry_run;
-  w.use_tuning_db = !o.no_tuned;
-  w.tuning_db = o.tuning_db;
+  q.targets = smla::warm_targets(q.targets);  // as compiled: "gfx90a" -> its xnack- and xnack+ ids
+  q.w.out_dir = o.out.empty() ? smla::cache::settings_from_env().dir : o.out;
+  q.w.jobs = o.jobs;
+  q.w.dry_run = o.dry_run;
+  q.w.use_tuning_db = !o.no_tuned;
+  q.w.tuning_db = o.tuning_db;
+  return q;
+}
+
+// Warms what `q` asks for; what it throws is the work failing (exit 1): an output directory it cannot write, say.
+int warm(const Options& o, Request& q) {
+  const std::vector<smla::Problem>& problems = q.problems;
+  const std::vector<std::string>& targets = q.targets;
+  smla::WarmupOptions& w = q.w;
   const bool tty = isatty(fileno(stderr));
   w.progress = [&](const smla::WarmupItem& it, size_t done, size_t total) {
     if (tty) {
@@ -146,7 +162,8 @@ int main(int argc, char** argv) {
       "AMD targets: the runtime looks kernels up by the device's full target id, which HSA_XNACK=1 turns\n"
       "from gfx90a:sramecc+:xnack- into gfx90a:sramecc+:xnack+; so a plain gfx90a (gfx942, gfx950) warms\n"
       "both, and gfx90a:xnack- (or xnack+) warms only that one.\n"
-      "Exit status: 0 when nothing failed, 1 when a kernel or problem failed, 2 on usage errors.");
+      "Exit status: 0 when nothing failed, 1 when a kernel or problem failed or the warm-up could not be done (an\n"
+      "output directory it cannot write), 2 on usage errors (options, --shape, --json-file, no target).");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)")->check(smla::tools::non_empty_path());
@@ -170,5 +187,11 @@ int main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   no_tuned->excludes(tuning_db);  // one of the two was ignored, silently
   SMLA_TOOL_PARSE(app, argc, argv);
-  return smla::tools::run_tool("smla-warmup", [&] { return run(o); });
+  Request q;
+  auto read = [&] {
+    q = read_request(o);
+    return 0;
+  };
+  if (const int rc = smla::tools::run_tool("smla-warmup", read)) return rc;  // a usage error: 2
+  return smla::tools::run_tool("smla-warmup", [&] { return warm(o, q); }, /*thrown=*/1);
 }

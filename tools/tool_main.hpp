@@ -1,6 +1,6 @@
 // tool_main.hpp: what the command-line tools share: the one way a tool reports a failure ("<tool>: <message>" on
-// stderr and exit code 2; 1 is left for "ran, but the check failed"), and the one-problem --shape of smla-bench and
-// smla-seqpar.
+// stderr and exit code 2, "could not run"; 1 is left for "ran, but something failed", which a tool may also give an
+// error thrown by its work once its options were sound), and the one-problem --shape of smla-bench and smla-seqpar.
 #pragma once
 #include <cstdio>
 #include <exception>
@@ -25,10 +25,11 @@ inline void set_one_shape(Problem& p, const std::string& text) {
   p.T = ps[0].T, p.H = ps[0].H, p.num_kv = ps[0].num_kv, p.topk = ps[0].topk;
 }
 
-/// body()'s exit code, 2 when it throws, and 2 when its output could not be written (flush_stdout).
+/// body()'s exit code, `thrown` when it throws (2, could not run, unless the caller says the options were sound and
+/// the work failed: 1), and 2 when its output could not be written (flush_stdout).
 template <class Body>
-int run_tool(const char* name, Body&& body) {
-  int rc = 2;
+int run_tool(const char* name, Body&& body, int thrown = 2) {
+  int rc = thrown;
   try {
     rc = body();
   } catch (const Error& e) {

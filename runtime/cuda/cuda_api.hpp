@@ -27,6 +27,7 @@ namespace smla::cuda {
   X(ModuleUnload, cuModuleUnload) X(ModuleGetFunction, cuModuleGetFunction)                \
   X(FuncSetAttribute, cuFuncSetAttribute) X(FuncGetAttribute, cuFuncGetAttribute)          \
   X(LaunchKernel, cuLaunchKernel) X(PointerGetAttribute, cuPointerGetAttribute)            \
+  X(PointerGetAttributes, cuPointerGetAttributes)                                          \
   X(GetErrorString, cuGetErrorString) X(GetErrorName, cuGetErrorName)                      \
   X(MemAlloc, cuMemAlloc) X(MemFree, cuMemFree) X(MemcpyHtoD, cuMemcpyHtoD)                \
   X(MemcpyDtoH, cuMemcpyDtoH) X(MemcpyDtoHAsync, cuMemcpyDtoHAsync)                        \

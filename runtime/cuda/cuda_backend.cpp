@@ -2,10 +2,9 @@
 #include "cuda_backend.hpp"
 
 #include <algorithm>
-#include <cctype>
 
 #include "cuda_api.hpp"
-#include "../planner.hpp"  // cuda_smem_limit
+#include "../planner.hpp"  // parse_cuda_target, cuda_smem_limit
 #include "../tuning_db.hpp"
 
 namespace smla::cuda {
@@ -37,14 +36,11 @@ std::string target_for_cc(int major, int minor) {
 }
 
 bool cuda_target_supported(const std::string& target, std::string* why) {
-  size_t end = 3;
-  while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
-  const std::string digits = target.substr(3, end - 3);
-  std::string canonical;
-  if (target.rfind("sm_", 0) == 0 && digits.size() >= 2 && digits.size() <= 3 && digits[0] != '0') {
-    const int cc = std::stoi(digits);
+  const std::optional<CudaTargetName> name = parse_cuda_target(target);
+  std::string canonical;  // what plan() compiles for a GPU of the name's compute capability
+  if (name) {
     try {
-      canonical = target_for_cc(cc / 10, cc % 10);
+      canonical = target_for_cc(name->cc / 10, name->cc % 10);
     } catch (const Error&) {  // below sm_80
     }
   }
@@ -56,7 +52,7 @@ bool cuda_target_supported(const std::string& target, std::string* why) {
         known += (known.empty() ? "" : ", ") + t;
     *why = "'" + target + "' is not a CUDA target smla plans for (" + known + ")";
     if (!canonical.empty() && canonical != target && cuda_smem_limit(canonical) != 0)
-      *why += ": a GPU of compute capability " + digits.substr(0, digits.size() - 1) + "." + digits.back() +
+      *why += ": a GPU of compute capability " + std::to_string(name->cc / 10) + "." + std::to_string(name->cc % 10) +
               " runs " + canonical + " kernels, warm " + canonical;
   }
   return false;
@@ -216,39 +212,29 @@ void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const S
                                 spec.smem_bytes, static_cast<CUstream>(stream), args, nullptr));
 }
 
-namespace {
-// cuPointerGetAttribute on unified addresses needs no current context (checked on the H200 by
-// ApiCuda.TheCallersCurrentContextIsLeftAsItWas); should a driver want one, the query is asked
-// again with device 0's primary context current, and the caller's put back.
-CUresult pointer_attribute(const CudaBackend& be, void* out, CUpointer_attribute a, const void* ptr) {
-  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  CUresult r = driver().PointerGetAttribute(out, a, p);
-  if (r == CUDA_ERROR_INVALID_CONTEXT) {
-    ContextScope use(be.context(0));
-    r = driver().PointerGetAttribute(out, a, p);
-  }
-  return r;
-}
-}  // namespace
-
-PointerKind CudaBackend::pointer_kind(const void* ptr) const {
-  if (!driver().ok || !ptr) return PointerKind::Unknown;
-  unsigned int type = 0;
-  const CUresult r = pointer_attribute(*this, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr);
-  if (r == CUDA_ERROR_INVALID_VALUE) return PointerKind::Host;  // not known to CUDA: plain host memory
-  check(r, "cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)", __FILE__, __LINE__);
-  return (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED) ? PointerKind::Device : PointerKind::Host;
-}
-
-int CudaBackend::other_device(const void* ptr, int device) const {
-  if (!driver().ok || !ptr) return -1;
+// run() asks this of every tensor: one driver call a pointer. Unlike cuPointerGetAttribute, cuPointerGetAttributes
+// is no error on memory CUDA does not know (plain host memory): its attributes come back zero, memory type 0.
+// Unified addresses need no current context (checked on the H200 by ApiCuda.TheCallersCurrentContextIsLeftAsItWas);
+// should a driver want one, the query is asked again with device 0's primary context current, and the caller's put
+// back.
+PointerInfo CudaBackend::pointer_info(const void* ptr, int device) const {
+  if (!driver().ok || !ptr) return {PointerKind::Unknown};
+  unsigned int type = 0, managed = 0;  // IS_MANAGED is a boolean: the driver may write fewer bytes than an int
   int ordinal = -1;
-  SMLA_CU(pointer_attribute(*this, &ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr));
-  if (ordinal < 0 || ordinal == device) return -1;
-  // Managed memory migrates to whichever device touches it; asked only on a mismatch (run() is hot).
-  unsigned int managed = 0;
-  SMLA_CU(pointer_attribute(*this, &managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr));
-  return managed ? -1 : ordinal;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* data[] = {&type, &ordinal, &managed};
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  CUresult r = driver().PointerGetAttributes(3, attrs, data, p);
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {
+    ContextScope use(context(0));
+    r = driver().PointerGetAttributes(3, attrs, data, p);
+  }
+  check(r, "cuPointerGetAttributes(MEMORY_TYPE, DEVICE_ORDINAL, IS_MANAGED)", __FILE__, __LINE__);
+  if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED) return {PointerKind::Host};
+  // Managed memory migrates to whichever device touches it.
+  const bool elsewhere = ordinal >= 0 && ordinal != device && !managed;
+  return {PointerKind::Device, elsewhere ? ordinal : -1};
 }
 
 // A pooled stream whose capture status is "none": one left joined to a capture that is still open

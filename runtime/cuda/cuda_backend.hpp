@@ -27,8 +27,8 @@ class CudaBackend : public Backend {
                                      int device) override;
   bool is_binary_refusal(const Error& e) const override { return cuda::is_binary_refusal(e); }
   void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
-  PointerKind pointer_kind(const void* ptr) const override;
-  int other_device(const void* ptr, int device) const override;
+  /// One cuPointerGetAttributes a pointer: its memory type, device ordinal and whether it is managed.
+  PointerInfo pointer_info(const void* ptr, int device) const override;
   size_t max_shared_memory(int device) const override;
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
   void* acquire_side_stream(int device) override;

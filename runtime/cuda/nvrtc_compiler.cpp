@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <utility>
 
 #include "../dump.hpp"
 #include "cuda_api.hpp"
@@ -24,16 +25,20 @@ std::string read_define(const std::string& path, const std::string& name) {
   const std::regex re("^\\s*#\\s*define\\s+" + name + "\\s+([0-9A-Za-z_.]+)");
   std::smatch m;
   while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) return m[1];
+    if (line.find(name) != std::string::npos && std::regex_search(line, m, re)) return m[1];  // cuda.h: 1 MB
   return {};
 }
+
+NvrtcCompiler::NvrtcCompiler() : NvrtcCompiler(cuda_include_dir()) {}
+
+NvrtcCompiler::NvrtcCompiler(std::string include_dir) : include_dir_(std::move(include_dir)) {}
 
 bool NvrtcCompiler::available(std::string* why) const {
   if (!nvrtc().ok) {
     if (why) *why = nvrtc().why;
     return false;
   }
-  if (cuda_include_dir().empty()) {
+  if (include_dir_.empty()) {
     if (why) *why = "no CUDA include directory (cuda.h, CUB) found: set SMLA_CUDA_INCLUDE or CUDA_HOME";
     return false;
   }
@@ -66,20 +71,19 @@ std::string nvrtc_build_stamp(const void* nvrtc_symbol, int major, int minor) {
 }
 
 std::string NvrtcCompiler::identity() const {
-  // Read once: the headers and the library do not change under a running process.
-  static const std::string id = [] {
-  int maj = 0, min = 0;
-  if (nvrtc().ok) nvrtc().Version(&maj, &min);
-  const std::string inc = cuda_include_dir();
-  // nvrtcVersion is major.minor only: a patch release (13.0.48 -> 13.0.88) kept the key and
-  // its old binaries. The library's size changes with the build yet is the same on every
-  // machine with that build, so shared caches still hit.
-  return "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
-         ";cuda-" + read_define(inc + "/cuda.h", "CUDA_VERSION") +
-         ";cccl-" + read_define(inc + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION") + ";" +
-         nvrtc_build_stamp(nvrtc().ok ? reinterpret_cast<const void*>(nvrtc().Version) : nullptr, maj, min);
-  }();
-  return id;
+  // Read once a compiler: neither the library nor the headers in include_dir_ change under a running process.
+  std::call_once(identity_once_, [this] {
+    int maj = 0, min = 0;
+    if (nvrtc().ok) nvrtc().Version(&maj, &min);
+    // nvrtcVersion is major.minor only: a patch release (13.0.48 -> 13.0.88) kept the key and
+    // its old binaries. The library's size changes with the build yet is the same on every
+    // machine with that build, so shared caches still hit.
+    identity_ = "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
+                ";cuda-" + read_define(include_dir_ + "/cuda.h", "CUDA_VERSION") +
+                ";cccl-" + read_define(include_dir_ + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION") + ";" +
+                nvrtc_build_stamp(nvrtc().ok ? reinterpret_cast<const void*>(nvrtc().Version) : nullptr, maj, min);
+  });
+  return identity_;
 }
 
 std::vector<std::string> NvrtcCompiler::options(const std::string& target) const {
@@ -114,9 +118,8 @@ CompileResult NvrtcCompiler::compile(const RenderedSource& src, const std::strin
 
   std::vector<std::string> opts = options(target);
   opts.insert(opts.end(), extra_options.begin(), extra_options.end());
-  const std::string inc = cuda_include_dir();
-  opts.push_back("-I" + inc + "/cccl");
-  opts.push_back("-I" + inc);
+  opts.push_back("-I" + include_dir_ + "/cccl");
+  opts.push_back("-I" + include_dir_);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
   r = nvrtc().CompileProgram(prog.p, (int)copts.size(), copts.data());

@@ -1,15 +1,27 @@
 // nvrtc_compiler.hpp: NVRTC behind smla::RtcCompiler.
 #pragma once
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "../backend.hpp"
 
 namespace smla::cuda {
 
+/// The CUDA headers (cuda.h, CCCL's CUB) are found once, when the compiler is made: identity() names the ones every
+/// compile() uses, so a cache key never holds a binary built against other headers than it says. Setting
+/// SMLA_CUDA_INCLUDE (or CUDA_HOME, CUDA_PATH) later reaches the compilers made after it (a new Runtime), not this one.
 class NvrtcCompiler : public RtcCompiler {
  public:
+  /// The headers of cuda_include_dir() as the environment says now.
+  NvrtcCompiler();
+  /// These headers (empty: none; available() then says so).
+  explicit NvrtcCompiler(std::string include_dir);
+
   std::string family() const override { return "cuda"; }
   bool available(std::string* why) const override;
   /// "nvrtc-13.0;cuda-13000;cccl-3000001;libnvrtc-bytes=N;builtins-bytes=M": the compiler
-  /// (with its build, see nvrtc_build_stamp) and the headers it compiles against.
+  /// (with its build, see nvrtc_build_stamp) and the headers it compiles against (include_dir()).
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
@@ -17,6 +29,14 @@ class NvrtcCompiler : public RtcCompiler {
   /// Appended to options() for compile() only: NOT in the cache key, so never set on a compiler
   /// whose results are cached. Tests use it for ptxas's report (--ptxas-options=-v).
   std::vector<std::string> extra_options;
+
+  /// The CUDA include directory this compiler compiles against; empty when none was found.
+  const std::string& include_dir() const { return include_dir_; }
+
+ private:
+  std::string include_dir_;
+  mutable std::once_flag identity_once_;  // identity() reads cuda.h: once per compiler, not once per kernel key
+  mutable std::string identity_;
 };
 
 /// "libnvrtc-bytes=N;builtins-bytes=M": byte sizes of the real file of the library holding

@@ -158,18 +158,18 @@ PointerKind pointer_kind_from(int memory_type, int runtime_version) {
   return PointerKind::Unknown;
 }
 
-PointerKind HipBackend::pointer_kind(const void* ptr) const {
+PointerInfo HipBackend::pointer_info(const void* ptr, int) const {
   const Api* api = Api::get();
-  if (!api || !ptr || !usable(nullptr)) return PointerKind::Unknown;
+  if (!api || !ptr || !usable(nullptr)) return {PointerKind::Unknown};
   PointerAttributes a{};
   hipError_t e = api->hipPointerGetAttributes(&a, ptr);
   if (e != kHipSuccess) {
     // ROCm 5 reports plain (unregistered) host memory as an error; clear it, it is no failure.
     api->hipGetLastError();
-    return PointerKind::Host;
+    return {PointerKind::Host};
   }
-  if (a.is_managed) return PointerKind::Device;
-  return pointer_kind_from(a.memory_type, hip_runtime_version(*api));
+  if (a.is_managed) return {PointerKind::Device};
+  return {pointer_kind_from(a.memory_type, hip_runtime_version(*api))};
 }
 
 size_t HipBackend::max_shared_memory(int device) const {

@@ -23,7 +23,7 @@ class HipBackend : public Backend {
                                      int device) override;
   /// Passes SmlaParams by value as the kernel's one argument, with `pass` from the spec.
   void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
-  PointerKind pointer_kind(const void* ptr) const override;
+  PointerInfo pointer_info(const void* ptr, int device) const override;
   size_t max_shared_memory(int device) const override;
   /// Synchronizes `stream`, then copies device -> host.
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;

@@ -10,18 +10,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "../dump.hpp"
 #include "amdgpu_elf.hpp"
 #include "hip_api.hpp"
 #include "hip_log.hpp"
 #include "hip_subprocess.hpp"
 
 namespace smla::hip {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -42,11 +41,6 @@ struct Program {  // RAII hiprtcProgram: destroyed on every path, errors include
     if (p) api.hiprtcDestroyProgram(&p);
   }
 };
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -87,7 +81,7 @@ CompileResult compile_locked(const Api& api, const RenderedSource& src, const st
     while (!out.log.empty() && out.log.back() == '\0') out.log.pop_back();
   }
   if (rc != kHiprtcSuccess) {
-    std::string dumped = detail::dump_failed_source(src, target);
+    std::string dumped = dump_failed_source(src, target);
     throw Error(Status::CompileError,
                 "hipRTC failed to compile " + src.name + " for " + target + " (" +
                     hiprtc_error_text(api, rc) + "); source dumped to " + dumped + "\n" + out.log,
@@ -150,7 +144,7 @@ std::optional<CompileResult> compile_in_worker(const RenderedSource& src, const 
                                              "to use)"
                                            : ""),
                 __FILE__, __LINE__, "hiprtcCompileProgram");
-  const std::string dumped = detail::dump_failed_source(src, target);
+  const std::string dumped = dump_failed_source(src, target);
   throw Error(Status::CompileError,
               "smla-hiprtc-worker (" + exe + ") failed to compile " + src.name + " for " + target + ": " +
                   r[0].error + "; source dumped to " + dumped,
@@ -561,30 +555,6 @@ bool read_request(const std::string& path, RenderedSource* src, std::string* tar
   for (auto& h : src->headers)
     if (!rec(&h.first) || !rec(&h.second)) return false;
   return true;
-}
-
-std::string dump_failed_source(const RenderedSource& src, const std::string& target) {
-  try {
-    uint64_t h = fnv1a(target, fnv1a(src.text));
-    for (const auto& hd : src.headers) h = fnv1a(hd.second, fnv1a(hd.first, h));
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    // Where the CUDA path writes too (runtime/dump.cpp): $SMLA_DUMP_DIR, else $TMPDIR/smla-failed.
-    const char* dump_dir = std::getenv("SMLA_DUMP_DIR");
-    fs::path dir = dump_dir && *dump_dir ? fs::path(dump_dir) : fs::temp_directory_path() / "smla-failed";
-    fs::create_directories(dir);
-    std::string stem = fs::path(src.name).stem().string();
-    fs::path file = dir / (stem + "-" + hex + ".cpp");
-    std::ofstream(file, std::ios::binary) << src.text;
-    for (const auto& hd : src.headers) {
-      fs::path hp = dir / (stem + "-" + hex + ".headers") / hd.first;
-      fs::create_directories(hp.parent_path());
-      std::ofstream(hp, std::ios::binary) << hd.second;
-    }
-    return file.string();
-  } catch (const std::exception& e) {
-    return std::string("(not dumped: ") + e.what() + ")";  // the log still reaches the user
-  }
 }
 
 }  // namespace detail

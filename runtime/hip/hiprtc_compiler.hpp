@@ -114,8 +114,6 @@ std::string hiprtc_env_options();
 /// The worker's request file: target, then the RenderedSource, as length-prefixed records.
 void write_request(const std::string& path, const RenderedSource& src, const std::string& target);
 bool read_request(const std::string& path, RenderedSource* src, std::string* target);
-/// Writes the rendered source (and its headers, under <path>.headers/) for a failed compile.
-std::string dump_failed_source(const RenderedSource& src, const std::string& target);
 }  // namespace detail
 
 }  // namespace smla::hip

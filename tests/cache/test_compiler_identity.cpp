@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <climits>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -63,12 +64,56 @@ TEST(NvrtcIdentity, StampOfAnyLibraryIsItsFileSize) {
   EXPECT_EQ(cuda::nvrtc_build_stamp(nullptr, 13, 0), "libnvrtc-bytes=?");
 }
 
-#ifdef SMLA_TEST_HIP
 struct EnvVar {
   std::string name;
   EnvVar(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
   ~EnvVar() { ::unsetenv(name.c_str()); }
 };
+
+// A compiler's CUDA headers are found when it is made: its identity (the cache key) names the headers its compiles use,
+// whatever SMLA_CUDA_INCLUDE says later. Before, the identity was worked out once a process, at its first use, while
+// each compile looked the directory up again: a key could name one toolkit's headers over a binary of another's.
+TEST(NvrtcIdentity, NamesTheHeadersItsCompilesUse) {
+  if (!cuda::nvrtc().ok) GTEST_SKIP() << "no NVRTC here: " << cuda::nvrtc().why;
+  ::unsetenv("SMLA_CUDA_INCLUDE");
+  const cuda::NvrtcCompiler made_before;
+  std::string why;
+  if (!made_before.available(&why)) GTEST_SKIP() << why;
+  const std::string cccl_h = "/cccl/cuda/std/__cccl/version.h";  // in the identity, and compiled by the probe
+  const std::string real_version = cuda::read_define(made_before.include_dir() + cccl_h, "CCCL_VERSION");
+  ASSERT_FALSE(real_version.empty()) << made_before.include_dir();
+
+  // Other headers: a CCCL of another version that stops any compile that includes it (cuda.h marks the directory).
+  char tmpl[] = "/tmp/smla-include-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string fake = tmpl;
+  std::ofstream(fake + "/cuda.h") << "#define CUDA_VERSION 99990\n";
+  std::filesystem::create_directories(fake + "/cccl/cuda/std/__cccl");
+  std::ofstream(fake + cccl_h) << "#define CCCL_VERSION 9999999\n#error the fake CCCL was compiled against\n";
+  const RenderedSource probe{
+      "smla_include_probe.cu",
+      "#include <cuda/std/__cccl/version.h>\nextern \"C\" __global__ void k(int* p) { *p = CCCL_VERSION; }\n", {}};
+  {
+    EnvVar include("SMLA_CUDA_INCLUDE", fake.c_str());
+    const std::string id = made_before.identity();  // its first call comes after the change
+    EXPECT_NE(id.find(";cccl-" + real_version + ";"), std::string::npos) << id;
+    EXPECT_EQ(id.find("9999999"), std::string::npos) << id;
+    EXPECT_NO_THROW(made_before.compile(probe, "sm_80")) << "compiled against other headers than its identity names";
+
+    const cuda::NvrtcCompiler made_after;  // the fake headers, in its identity and its compiles alike
+    EXPECT_EQ(made_after.include_dir(), fake);
+    EXPECT_NE(made_after.identity().find(";cuda-99990;cccl-9999999;"), std::string::npos) << made_after.identity();
+    try {
+      made_after.compile(probe, "sm_80");
+      ADD_FAILURE() << "compiled without the headers its identity names";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("the fake CCCL was compiled against"), std::string::npos) << e.message();
+    }
+  }
+  std::filesystem::remove_all(fake);
+}
+
+#ifdef SMLA_TEST_HIP
 
 TEST(HipRtcIdentity, EnvironmentOptionsAreInTheKeyFields) {
   ::unsetenv("HIPRTC_COMPILE_OPTIONS_APPEND");

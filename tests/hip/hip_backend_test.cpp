@@ -16,7 +16,7 @@ TEST(HipBackend, NotUsableWithoutAnAmdGpuAndSaysWhy) {
   std::cout << "[ note ] " << why << "\n";
   EXPECT_EQ(b.device_count(), 0);
   int local = 0;
-  EXPECT_EQ(b.pointer_kind(&local), PointerKind::Unknown);
+  EXPECT_EQ(b.pointer_info(&local, 0).kind, PointerKind::Unknown);
   ASSERT_NE(b.compiler(), nullptr);
   EXPECT_EQ(b.compiler()->family(), "hip");
   // Device queries fail with smla::Error, never a crash.

@@ -2,7 +2,10 @@
  * around opening the driver: one device of compute capability 9.0, and what a real driver does in a process forked
  * from the one that initialised it (every call fails with CUDA_ERROR_NOT_INITIALIZED). It runs no kernel and holds no
  * memory: calls smla makes only on a real GPU answer CUDA_ERROR_NOT_SUPPORTED, so a test that reaches one fails
- * visibly. Exports every symbol runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls(). */
+ * visibly. Pointers: none of this process's memory is CUDA's; the addresses STUB_DEVICE_BASE.. (never mapped, only asked
+ * about) are device memory of the ordinal in bits 32-35, managed where bit 31 is set. Exports every symbol
+ * runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls() and smla_stub_pointer_queries() (the calls of
+ * cuPointerGetAttribute and cuPointerGetAttributes together). */
 #include <stddef.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,11 +13,12 @@
 enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NOT_SUPPORTED = 801 };
 
 static pid_t init_pid;
-static int cuinit_calls;
+static int cuinit_calls, pointer_queries;
 
 static int forked(void) { return init_pid != 0 && getpid() != init_pid; }
 
 int smla_stub_cuinit_calls(void) { return cuinit_calls; }
+int smla_stub_pointer_queries(void) { return pointer_queries; }
 
 int cuInit(unsigned flags) {
   (void)flags;
@@ -72,10 +76,40 @@ int cuCtxGetCurrent(void** ctx) {
   return OK;
 }
 
+#define STUB_DEVICE_BASE 0xd00000000000ull /* above any user mapping on x86-64 (47 bits) */
+enum { MEMORY_TYPE = 2, IS_MANAGED = 8, DEVICE_ORDINAL = 9, MEMORYTYPE_DEVICE = 2 };
+
+/* Writes attribute `attr` of device memory at `ptr` to `out`; INVALID_VALUE for an attribute the stub does not know. */
+static int device_attribute(void* out, int attr, unsigned long long ptr) {
+  switch (attr) {
+    case MEMORY_TYPE: *(unsigned*)out = MEMORYTYPE_DEVICE; return OK;
+    case DEVICE_ORDINAL: *(int*)out = (int)((ptr >> 32) & 0xf); return OK;
+    case IS_MANAGED: *(unsigned char*)out = (ptr >> 31) & 1; return OK; /* a boolean: one byte */
+    default: return INVALID_VALUE;
+  }
+}
+
+static int is_device(unsigned long long ptr) { return (ptr >> 44) == (STUB_DEVICE_BASE >> 44); }
+
 int cuPointerGetAttribute(void* out, int attr, unsigned long long ptr) {
   STUB_GUARD;
-  (void)out, (void)attr, (void)ptr;
-  return INVALID_VALUE; /* no pointer is CUDA's here */
+  ++pointer_queries;
+  return is_device(ptr) ? device_attribute(out, attr, ptr) : INVALID_VALUE; /* not CUDA's: an error, as the driver */
+}
+
+/* Memory CUDA does not know is no error here: its attributes are zero (the driver's "default NULL values"). */
+int cuPointerGetAttributes(unsigned n, int* attrs, void** data, unsigned long long ptr) {
+  STUB_GUARD;
+  ++pointer_queries;
+  for (unsigned i = 0; i < n; ++i) {
+    if (!is_device(ptr)) {
+      if (attrs[i] == IS_MANAGED) *(unsigned char*)data[i] = 0;
+      else *(int*)data[i] = 0;
+    } else if (device_attribute(data[i], attrs[i], ptr) != OK) {
+      return INVALID_VALUE;
+    }
+  }
+  return OK;
 }
 
 int cuGetErrorName(int r, const char** s) {
