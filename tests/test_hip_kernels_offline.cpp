@@ -5,11 +5,15 @@
 // Nothing here runs a kernel: no AMD result is claimed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
+
+#include <unistd.h>
 
 #include "runtime/env.hpp"
 #include "runtime/hip/amdgpu_elf.hpp"
@@ -285,6 +289,140 @@ TEST_P(HipKernelsCompile, EveryVariantCompilesToARealCodeObject) {
 
 INSTANTIATE_TEST_SUITE_P(Targets, HipKernelsCompile, ::testing::Values("gfx90a", "gfx942", "gfx950"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// ---------------------------------------------------------------- gfx950 with a clang of LLVM 20 (no ROCm >= 7 here)
+//
+// gfx950 (the MI355X) is the AMD target smla is for, and Debian's ROCm 5.2 hipRTC cannot compile for it, so the test
+// above skips it. A clang of LLVM 20 or later can: PyPI's ziglang wheel bundles one with the AMDGPU backend (`make
+// test` fetches it into BUILD/_tools, pinned by hash; SMLA_GFX950_CLANG names it, or another clang >= 20). This
+// compiles every AMD unit the planner can choose to gfx950 device assembly, as HIP with hipRTC's options, against ROCm
+// 5.2's HIP headers and the HIP wrapper headers of Debian's clang (which hipcc installs) beside clang 20's own builtin
+// headers. It is the closest compile check of the gfx950 source this workplace allows: not ROCm 7's hipRTC, which the
+// runtime uses on an MI355X, and nothing here runs.
+
+// "clang version N" of `cmd --version`; 0 when it does not say.
+int clang_major(const std::string& cmd) {
+  int st = 0;
+  const std::string v = shell(cmd + " --version 2>&1", &st);
+  const size_t at = v.find("clang version ");
+  return st == 0 && at != std::string::npos ? std::atoi(v.c_str() + at + 14) : 0;
+}
+
+// The directory of clang's HIP wrapper headers (__clang_hip_runtime_wrapper.h): Debian's newest clang that has them.
+std::string hip_wrapper_dir() {
+  for (int v = 20; v >= 14; --v) {
+    const std::string base = "/usr/lib/llvm-" + std::to_string(v) + "/lib/clang";
+    int st = 0;
+    const std::string hit =
+        shell("ls -d '" + base + "'/*/include/__clang_hip_runtime_wrapper.h 2>/dev/null | head -n 1", &st);
+    if (!hit.empty()) return hit.substr(0, hit.rfind('/'));
+  }
+  return {};
+}
+
+// Every entry of `from` (a directory) linked into `to`, except names already there.
+void link_all(const std::string& from, const std::string& to) {
+  int st = 0;
+  shell("mkdir -p '" + to + "' && for f in '" + from + "'/*; do n=$(basename \"$f\"); [ -e '" + to +
+            "'/\"$n\" ] || ln -s \"$f\" '" + to + "'/\"$n\"; done",
+        &st);
+  ASSERT_EQ(st, 0) << "could not link " << from << " into " << to;
+}
+
+// "(FIELD) N" after each occurrence of `key` in the assembly, as integers.
+std::vector<long> values_after(const std::string& text, const std::string& key) {
+  std::vector<long> out;
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1))
+    out.push_back(std::atol(text.c_str() + at + key.size()));
+  return out;
+}
+
+TEST(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
+  const char* given = std::getenv("SMLA_GFX950_CLANG");
+#ifdef SMLA_GFX950_CLANG_DEFAULT
+  if ((!given || !*given) && access(SMLA_GFX950_CLANG_DEFAULT, X_OK) == 0) given = SMLA_GFX950_CLANG_DEFAULT;
+#endif
+  if (!given || !*given)
+    GTEST_SKIP() << "no clang of LLVM >= 20 for gfx950 here: `make test` fetches zig's (PyPI's ziglang), or set "
+                    "SMLA_GFX950_CLANG to a clang >= 20 with the AMDGPU backend";
+  std::string clang = std::string("'") + given + "'";
+  std::string builtin;  // clang 20's own builtin headers
+  const std::string gs(given);
+  if (gs.size() >= 4 && gs.compare(gs.size() - 4, 4, "/zig") == 0) {  // zig: its clang, its headers in lib/include
+    clang += " clang";
+    builtin = gs.substr(0, gs.size() - 4) + "/lib/include";
+  } else {
+    int st = 0;
+    std::string rd = shell(clang + " -print-resource-dir 2>/dev/null", &st);
+    while (!rd.empty() && (rd.back() == '\n' || rd.back() == '\r')) rd.pop_back();
+    builtin = rd + "/include";
+  }
+  const int major = clang_major(clang);
+  ASSERT_GE(major, 20) << given << " (SMLA_GFX950_CLANG) is not a clang of LLVM 20 or later (gfx950 came in 20)";
+  const std::string wrappers = hip_wrapper_dir();
+  if (wrappers.empty()) GTEST_SKIP() << "no clang HIP wrapper headers under /usr/lib/llvm-*/ (hipcc's clang installs them)";
+  const std::vector<std::string> ids = hip::hip_target_ids("gfx950");
+  ASSERT_FALSE(ids.empty());
+  const std::string target = ids.front();  // gfx950:sramecc+:xnack-, as the runtime names it
+
+  hip::TempDir dir("smla-gfx950");
+  link_all(builtin, dir.path() + "/rd/include");        // clang 20's headers first,
+  link_all(wrappers, dir.path() + "/rd/include");       // then the HIP (and CUDA) wrappers it lacks
+  std::string options;
+  for (const std::string& o : hip::HipRtcCompiler(false).options(target)) options += " '" + o + "'";
+
+  const std::vector<Unit> units = compile_units();
+  ASSERT_EQ(units.size(), 14u);
+  KernelSources src;
+  std::vector<std::string> cmds(units.size()), names(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    names[i] = u.spec.stem;
+    for (const auto& d : u.spec.defines) names[i] += "_" + d.first + std::to_string(d.second);
+    const RenderedSource r = src.render(u.spec, "hip");
+    const std::string ud = dir.path() + "/u" + std::to_string(i);
+    int st = 0;
+    shell("mkdir -p '" + ud + "'", &st);
+    ASSERT_EQ(st, 0);
+    std::ofstream(ud + "/" + r.name, std::ios::binary) << r.text;
+    for (const auto& h : r.headers) std::ofstream(ud + "/" + h.first, std::ios::binary) << h.second;
+    // HIP device code only, to assembly: no linker for gfx950 here, and the assembly has what is checked.
+    cmds[i] = clang + " -x hip --cuda-device-only -nogpulib -resource-dir '" + dir.path() + "/rd' --rocm-path=/usr" +
+              " -include hip/hip_runtime.h" + options + " -I'" + ud + "' -S '" + ud + "/" + r.name + "' -o '" + ud +
+              "/out.s' 2>&1";
+  }
+  // Two compiles at a time (CI's two cores).
+  std::vector<std::string> logs(units.size());
+  std::vector<int> status(units.size(), 0);
+  for (size_t i = 0; i < units.size(); i += 2) {
+    std::vector<std::thread> th;
+    for (size_t j = i; j < std::min(units.size(), i + 2); ++j)
+      th.emplace_back([&, j] { logs[j] = shell(cmds[j], &status[j]); });
+    for (auto& t : th) t.join();
+  }
+  int matrix = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    ASSERT_EQ(status[i], 0) << names[i] << " for " << target << ":\n" << logs[i] << "\n" << cmds[i];
+    EXPECT_EQ(logs[i].find("warning:"), std::string::npos) << names[i] << ":\n" << logs[i];
+    std::ifstream f(dir.path() + "/u" + std::to_string(i) + "/out.s");
+    const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(s.find(".amdgcn_target \"amdgcn-amd-amdhsa--gfx950"), std::string::npos) << names[i];
+    for (const std::string& e : u.entries)
+      EXPECT_NE(s.find(".globl\t" + e + "\n"), std::string::npos) << names[i] << " lacks the entry " << e;
+    // No kernel spills to scratch.
+    const std::vector<long> scratch = values_after(s, ".amdhsa_private_segment_fixed_size ");
+    EXPECT_EQ(scratch.size(), u.entries.size()) << names[i];
+    for (long v : scratch) EXPECT_EQ(v, 0) << names[i] << " uses scratch (register spills)";
+    if (u.spec.stem == "dq" || u.spec.stem == "dkv_interm") {
+      ++matrix;
+      // gfx950's own MFMA (K = 32, amd_mfma.h), not the K = 16 form of gfx90a and gfx942.
+      EXPECT_NE(s.find("v_mfma_f32_16x16x32_bf16"), std::string::npos) << names[i] << ": not gfx950's K = 32 MFMA";
+      EXPECT_EQ(s.find("v_mfma_f32_16x16x16"), std::string::npos) << names[i] << ": the K = 16 MFMA on gfx950";
+    }
+  }
+  EXPECT_EQ(matrix, 8);
+}
 
 }  // namespace
 }  // namespace smla
