@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -337,40 +338,66 @@ std::vector<long> values_after(const std::string& text, const std::string& key) 
   return out;
 }
 
-TEST(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
-  const char* given = std::getenv("SMLA_GFX950_CLANG");
+// The clang of SMLA_GFX950_CLANG (or make test's), a resource directory of its builtin headers with Debian clang's HIP
+// wrappers added, and hipRTC's options for gfx950: the tests below skip (saying why) where one is missing.
+class HipKernelsGfx950 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* given = std::getenv("SMLA_GFX950_CLANG");
 #ifdef SMLA_GFX950_CLANG_DEFAULT
-  if ((!given || !*given) && access(SMLA_GFX950_CLANG_DEFAULT, X_OK) == 0) given = SMLA_GFX950_CLANG_DEFAULT;
+    if ((!given || !*given) && access(SMLA_GFX950_CLANG_DEFAULT, X_OK) == 0) given = SMLA_GFX950_CLANG_DEFAULT;
 #endif
-  if (!given || !*given)
-    GTEST_SKIP() << "no clang of LLVM >= 20 for gfx950 here: `make test` fetches zig's (PyPI's ziglang), or set "
-                    "SMLA_GFX950_CLANG to a clang >= 20 with the AMDGPU backend";
-  std::string clang = std::string("'") + given + "'";
-  std::string builtin;  // clang 20's own builtin headers
-  const std::string gs(given);
-  if (gs.size() >= 4 && gs.compare(gs.size() - 4, 4, "/zig") == 0) {  // zig: its clang, its headers in lib/include
-    clang += " clang";
-    builtin = gs.substr(0, gs.size() - 4) + "/lib/include";
-  } else {
-    int st = 0;
-    std::string rd = shell(clang + " -print-resource-dir 2>/dev/null", &st);
-    while (!rd.empty() && (rd.back() == '\n' || rd.back() == '\r')) rd.pop_back();
-    builtin = rd + "/include";
+    if (!given || !*given)
+      GTEST_SKIP() << "no clang of LLVM >= 20 for gfx950 here: `make test` fetches zig's (PyPI's ziglang), or set "
+                      "SMLA_GFX950_CLANG to a clang >= 20 with the AMDGPU backend";
+    clang_ = std::string("'") + given + "'";
+    std::string builtin;  // clang 20's own builtin headers
+    const std::string gs(given);
+    if (gs.size() >= 4 && gs.compare(gs.size() - 4, 4, "/zig") == 0) {  // zig: its clang, its headers in lib/include
+      clang_ += " clang";
+      builtin = gs.substr(0, gs.size() - 4) + "/lib/include";
+    } else {
+      int st = 0;
+      std::string rd = shell(clang_ + " -print-resource-dir 2>/dev/null", &st);
+      while (!rd.empty() && (rd.back() == '\n' || rd.back() == '\r')) rd.pop_back();
+      builtin = rd + "/include";
+    }
+    ASSERT_GE(clang_major(clang_), 20) << given << " (SMLA_GFX950_CLANG) is not a clang of LLVM 20 or later (gfx950 "
+                                          "came in 20)";
+    const std::string wrappers = hip_wrapper_dir();
+    if (wrappers.empty())
+      GTEST_SKIP() << "no clang HIP wrapper headers under /usr/lib/llvm-*/ (hipcc's clang installs them)";
+    const std::vector<std::string> ids = hip::hip_target_ids("gfx950");
+    ASSERT_FALSE(ids.empty());
+    target_ = ids.front();  // gfx950:sramecc+:xnack-, as the runtime names it
+    dir_ = std::make_unique<hip::TempDir>("smla-gfx950");
+    link_all(builtin, dir_->path() + "/rd/include");   // clang 20's headers first,
+    link_all(wrappers, dir_->path() + "/rd/include");  // then the HIP (and CUDA) wrappers it lacks
+    std::string options;
+    for (const std::string& o : hip::HipRtcCompiler(false).options(target_)) options += " '" + o + "'";
+    // HIP device code only, to assembly: no linker for gfx950 here, and the assembly has what is checked.
+    compile_ = clang_ + " -x hip --cuda-device-only -nogpulib -resource-dir '" + dir_->path() + "/rd' --rocm-path=/usr" +
+               " -include hip/hip_runtime.h" + options;
   }
-  const int major = clang_major(clang);
-  ASSERT_GE(major, 20) << given << " (SMLA_GFX950_CLANG) is not a clang of LLVM 20 or later (gfx950 came in 20)";
-  const std::string wrappers = hip_wrapper_dir();
-  if (wrappers.empty()) GTEST_SKIP() << "no clang HIP wrapper headers under /usr/lib/llvm-*/ (hipcc's clang installs them)";
-  const std::vector<std::string> ids = hip::hip_target_ids("gfx950");
-  ASSERT_FALSE(ids.empty());
-  const std::string target = ids.front();  // gfx950:sramecc+:xnack-, as the runtime names it
 
-  hip::TempDir dir("smla-gfx950");
-  link_all(builtin, dir.path() + "/rd/include");        // clang 20's headers first,
-  link_all(wrappers, dir.path() + "/rd/include");       // then the HIP (and CUDA) wrappers it lacks
-  std::string options;
-  for (const std::string& o : hip::HipRtcCompiler(false).options(target)) options += " '" + o + "'";
+  // The assembly's checks common to every unit: for gfx950, each entry a kernel, no kernel using scratch.
+  static void check_assembly(const std::string& name, const std::string& s, const std::set<std::string>& entries,
+                             size_t kernels) {
+    EXPECT_NE(s.find(".amdgcn_target \"amdgcn-amd-amdhsa--gfx950"), std::string::npos) << name;
+    for (const std::string& e : entries)
+      EXPECT_NE(s.find(".globl\t" + e + "\n"), std::string::npos) << name << " lacks the entry " << e;
+    const std::vector<long> scratch = values_after(s, ".amdhsa_private_segment_fixed_size ");
+    EXPECT_EQ(scratch.size(), kernels) << name;
+    for (long v : scratch) EXPECT_EQ(v, 0) << name << " uses scratch (register spills)";
+  }
 
+  std::string clang_, target_, compile_;  // compile_: the command up to the source's own flags
+  std::unique_ptr<hip::TempDir> dir_;
+};
+
+TEST_F(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
+  const hip::TempDir& dir = *dir_;
+  const std::string& target = target_;
   const std::vector<Unit> units = compile_units();
   ASSERT_EQ(units.size(), 14u);
   KernelSources src;
@@ -386,10 +413,7 @@ TEST(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
     ASSERT_EQ(st, 0);
     std::ofstream(ud + "/" + r.name, std::ios::binary) << r.text;
     for (const auto& h : r.headers) std::ofstream(ud + "/" + h.first, std::ios::binary) << h.second;
-    // HIP device code only, to assembly: no linker for gfx950 here, and the assembly has what is checked.
-    cmds[i] = clang + " -x hip --cuda-device-only -nogpulib -resource-dir '" + dir.path() + "/rd' --rocm-path=/usr" +
-              " -include hip/hip_runtime.h" + options + " -I'" + ud + "' -S '" + ud + "/" + r.name + "' -o '" + ud +
-              "/out.s' 2>&1";
+    cmds[i] = compile_ + " -I'" + ud + "' -S '" + ud + "/" + r.name + "' -o '" + ud + "/out.s' 2>&1";
   }
   // Two compiles at a time (CI's two cores).
   std::vector<std::string> logs(units.size());
@@ -407,13 +431,7 @@ TEST(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
     EXPECT_EQ(logs[i].find("warning:"), std::string::npos) << names[i] << ":\n" << logs[i];
     std::ifstream f(dir.path() + "/u" + std::to_string(i) + "/out.s");
     const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    EXPECT_NE(s.find(".amdgcn_target \"amdgcn-amd-amdhsa--gfx950"), std::string::npos) << names[i];
-    for (const std::string& e : u.entries)
-      EXPECT_NE(s.find(".globl\t" + e + "\n"), std::string::npos) << names[i] << " lacks the entry " << e;
-    // No kernel spills to scratch.
-    const std::vector<long> scratch = values_after(s, ".amdhsa_private_segment_fixed_size ");
-    EXPECT_EQ(scratch.size(), u.entries.size()) << names[i];
-    for (long v : scratch) EXPECT_EQ(v, 0) << names[i] << " uses scratch (register spills)";
+    check_assembly(names[i], s, u.entries, u.entries.size());
     if (u.spec.stem == "dq" || u.spec.stem == "dkv_interm") {
       ++matrix;
       // gfx950's own MFMA (K = 32, amd_mfma.h), not the K = 16 form of gfx90a and gfx942.
@@ -422,6 +440,27 @@ TEST(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
     }
   }
   EXPECT_EQ(matrix, 8);
+}
+
+// The csr sort on AMD is rocPRIM's radix sort, built ahead of time by hipcc into libsmla_rocprim.so for the targets that
+// hipcc knows (runtime/hip/CMakeLists.txt): ROCm 5.2's hipcc does not know gfx950, so its device code for gfx950, with
+// the rocPRIM headers smla builds against, compiles here instead (rocPRIM picks its tuning by target).
+TEST_F(HipKernelsGfx950, TheRocprimSortCompilesWithClang20) {
+#if defined(SMLA_ROCPRIM_SORT_SOURCE) && defined(SMLA_ROCPRIM_INCLUDE_DIR)
+  const std::string out = dir_->path() + "/rocprim_sort.s";
+  int st = 0;
+  const std::string log = shell(compile_ + " -I'" SMLA_ROCPRIM_INCLUDE_DIR "' '-DSMLA_ROCPRIM_TARGETS=\"gfx950\"' -S '"
+                                SMLA_ROCPRIM_SORT_SOURCE "' -o '" + out + "' 2>&1", &st);
+  ASSERT_EQ(st, 0) << log;
+  EXPECT_EQ(log.find("warning:"), std::string::npos) << log;
+  std::ifstream f(out);
+  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t kernels = values_after(s, ".amdhsa_private_segment_fixed_size ").size();
+  EXPECT_GE(kernels, 2u) << "rocPRIM's radix sort has at least its single-block and onesweep kernels";
+  check_assembly("rocprim_sort", s, {}, kernels);
+#else
+  GTEST_SKIP() << "rocPRIM not found at configure time (librocprim-dev)";
+#endif
 }
 
 }  // namespace
