@@ -291,15 +291,16 @@ TEST_P(HipKernelsCompile, EveryVariantCompilesToARealCodeObject) {
 INSTANTIATE_TEST_SUITE_P(Targets, HipKernelsCompile, ::testing::Values("gfx90a", "gfx942", "gfx950"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
-// ---------------------------------------------------------------- gfx950 with a clang of LLVM 20 (no ROCm >= 7 here)
+// ---------------------------------------------------------------- gfx950 and gfx942 with a clang of LLVM 20
 //
-// gfx950 (the MI355X) is the AMD target smla is for, and Debian's ROCm 5.2 hipRTC cannot compile for it, so the test
-// above skips it. A clang of LLVM 20 or later can: PyPI's ziglang wheel bundles one with the AMDGPU backend (`make
-// test` fetches it into BUILD/_tools, pinned by hash; SMLA_GFX950_CLANG names it, or another clang >= 20). This
-// compiles every AMD unit the planner can choose to gfx950 device assembly, as HIP with hipRTC's options, against ROCm
-// 5.2's HIP headers and the HIP wrapper headers of Debian's clang (which hipcc installs) beside clang 20's own builtin
-// headers. It is the closest compile check of the gfx950 source this workplace allows: not ROCm 7's hipRTC, which the
-// runtime uses on an MI355X, and nothing here runs.
+// gfx950 (the MI355X) is the AMD target smla is for, and Debian's ROCm 5.2 hipRTC cannot compile for it, nor for gfx942
+// (the MI300X), so the test above skips both. A clang of LLVM 20 or later can: PyPI's ziglang wheel bundles one with
+// the AMDGPU backend (`make test` fetches it into BUILD/_tools, pinned by hash; SMLA_GFX950_CLANG names it, or another
+// clang >= 20). This compiles every AMD unit the planner can choose to device assembly for each of the two, as HIP with
+// hipRTC's options, against ROCm 5.2's HIP headers and the HIP wrapper headers of Debian's clang (which hipcc installs)
+// beside clang 20's own builtin headers. It is the closest compile check of their source this workplace allows: not
+// the hipRTC of a ROCm that knows them (6.x for gfx942, 7.0 for gfx950), which the runtime uses there, and nothing here
+// runs.
 
 // "clang version N" of `cmd --version`; 0 when it does not say.
 int clang_major(const std::string& cmd) {
@@ -339,8 +340,9 @@ std::vector<long> values_after(const std::string& text, const std::string& key) 
 }
 
 // The clang of SMLA_GFX950_CLANG (or make test's), a resource directory of its builtin headers with Debian clang's HIP
-// wrappers added, and hipRTC's options for gfx950: the tests below skip (saying why) where one is missing.
-class HipKernelsGfx950 : public ::testing::Test {
+// wrappers added, and hipRTC's options for the target (the parameter): the tests below skip (saying why) where one is
+// missing.
+class HipKernelsClang20 : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     const char* given = std::getenv("SMLA_GFX950_CLANG");
@@ -348,8 +350,8 @@ class HipKernelsGfx950 : public ::testing::Test {
     if ((!given || !*given) && access(SMLA_GFX950_CLANG_DEFAULT, X_OK) == 0) given = SMLA_GFX950_CLANG_DEFAULT;
 #endif
     if (!given || !*given)
-      GTEST_SKIP() << "no clang of LLVM >= 20 for gfx950 here: `make test` fetches zig's (PyPI's ziglang), or set "
-                      "SMLA_GFX950_CLANG to a clang >= 20 with the AMDGPU backend";
+      GTEST_SKIP() << "no clang of LLVM >= 20 for gfx950 and gfx942 here: `make test` fetches zig's (PyPI's "
+                      "ziglang), or set SMLA_GFX950_CLANG to a clang >= 20 with the AMDGPU backend";
     clang_ = std::string("'") + given + "'";
     std::string builtin;  // clang 20's own builtin headers
     const std::string gs(given);
@@ -367,23 +369,24 @@ class HipKernelsGfx950 : public ::testing::Test {
     const std::string wrappers = hip_wrapper_dir();
     if (wrappers.empty())
       GTEST_SKIP() << "no clang HIP wrapper headers under /usr/lib/llvm-*/ (hipcc's clang installs them)";
-    const std::vector<std::string> ids = hip::hip_target_ids("gfx950");
+    processor_ = GetParam();
+    const std::vector<std::string> ids = hip::hip_target_ids(processor_);
     ASSERT_FALSE(ids.empty());
-    target_ = ids.front();  // gfx950:sramecc+:xnack-, as the runtime names it
-    dir_ = std::make_unique<hip::TempDir>("smla-gfx950");
+    target_ = ids.front();  // e.g. gfx950:sramecc+:xnack-, as the runtime names it
+    dir_ = std::make_unique<hip::TempDir>("smla-" + processor_);
     link_all(builtin, dir_->path() + "/rd/include");   // clang 20's headers first,
     link_all(wrappers, dir_->path() + "/rd/include");  // then the HIP (and CUDA) wrappers it lacks
     std::string options;
     for (const std::string& o : hip::HipRtcCompiler(false).options(target_)) options += " '" + o + "'";
-    // HIP device code only, to assembly: no linker for gfx950 here, and the assembly has what is checked.
-    compile_ = clang_ + " -x hip --cuda-device-only -nogpulib -resource-dir '" + dir_->path() + "/rd' --rocm-path=/usr" +
-               " -include hip/hip_runtime.h" + options;
+    // HIP device code only, to assembly: no AMDGPU linker here, and the assembly has what is checked.
+    compile_ = clang_ + " -x hip --cuda-device-only -nogpulib -resource-dir '" + dir_->path() + "/rd'" +
+               " --rocm-path=/usr -include hip/hip_runtime.h" + options;
   }
 
-  // The assembly's checks common to every unit: for gfx950, each entry a kernel, no kernel using scratch.
-  static void check_assembly(const std::string& name, const std::string& s, const std::set<std::string>& entries,
-                             size_t kernels) {
-    EXPECT_NE(s.find(".amdgcn_target \"amdgcn-amd-amdhsa--gfx950"), std::string::npos) << name;
+  // The assembly's checks common to every unit: for the target, each entry a kernel, no kernel using scratch.
+  void check_assembly(const std::string& name, const std::string& s, const std::set<std::string>& entries,
+                      size_t kernels) const {
+    EXPECT_NE(s.find(".amdgcn_target \"amdgcn-amd-amdhsa--" + processor_), std::string::npos) << name;
     for (const std::string& e : entries)
       EXPECT_NE(s.find(".globl\t" + e + "\n"), std::string::npos) << name << " lacks the entry " << e;
     const std::vector<long> scratch = values_after(s, ".amdhsa_private_segment_fixed_size ");
@@ -391,11 +394,11 @@ class HipKernelsGfx950 : public ::testing::Test {
     for (long v : scratch) EXPECT_EQ(v, 0) << name << " uses scratch (register spills)";
   }
 
-  std::string clang_, target_, compile_;  // compile_: the command up to the source's own flags
+  std::string processor_, clang_, target_, compile_;  // compile_: the command up to the source's own flags
   std::unique_ptr<hip::TempDir> dir_;
 };
 
-TEST_F(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
+TEST_P(HipKernelsClang20, EveryVariantCompiles) {
   const hip::TempDir& dir = *dir_;
   const std::string& target = target_;
   const std::vector<Unit> units = compile_units();
@@ -434,23 +437,24 @@ TEST_F(HipKernelsGfx950, EveryVariantCompilesWithClang20) {
     check_assembly(names[i], s, u.entries, u.entries.size());
     if (u.spec.stem == "dq" || u.spec.stem == "dkv_interm") {
       ++matrix;
-      // gfx950's own MFMA (K = 32, amd_mfma.h), not the K = 16 form of gfx90a and gfx942.
-      EXPECT_NE(s.find("v_mfma_f32_16x16x32_bf16"), std::string::npos) << names[i] << ": not gfx950's K = 32 MFMA";
-      EXPECT_EQ(s.find("v_mfma_f32_16x16x16"), std::string::npos) << names[i] << ": the K = 16 MFMA on gfx950";
+      // gfx950's own MFMA (K = 32, amd_mfma.h) there, the K = 16 form of gfx90a and gfx942 elsewhere.
+      const bool k32 = processor_ == "gfx950";
+      EXPECT_EQ(s.find("v_mfma_f32_16x16x32_bf16") != std::string::npos, k32) << names[i] << " on " << processor_;
+      EXPECT_EQ(s.find("v_mfma_f32_16x16x16") != std::string::npos, !k32) << names[i] << " on " << processor_;
     }
   }
   EXPECT_EQ(matrix, 8);
 }
 
-// The csr sort on AMD is rocPRIM's radix sort, built ahead of time by hipcc into libsmla_rocprim.so for the targets that
-// hipcc knows (runtime/hip/CMakeLists.txt): ROCm 5.2's hipcc does not know gfx950, so its device code for gfx950, with
-// the rocPRIM headers smla builds against, compiles here instead (rocPRIM picks its tuning by target).
-TEST_F(HipKernelsGfx950, TheRocprimSortCompilesWithClang20) {
+// The csr sort on AMD is rocPRIM's radix sort, built ahead of time by hipcc into libsmla_rocprim.so for the targets
+// that hipcc knows (runtime/hip/CMakeLists.txt): ROCm 5.2's hipcc knows neither gfx950 nor gfx942, so their device code,
+// with the rocPRIM headers smla builds against, compiles here instead (rocPRIM picks its tuning by target).
+TEST_P(HipKernelsClang20, TheRocprimSortCompiles) {
 #if defined(SMLA_ROCPRIM_SORT_SOURCE) && defined(SMLA_ROCPRIM_INCLUDE_DIR)
   const std::string out = dir_->path() + "/rocprim_sort.s";
   int st = 0;
-  const std::string log = shell(compile_ + " -I'" SMLA_ROCPRIM_INCLUDE_DIR "' '-DSMLA_ROCPRIM_TARGETS=\"gfx950\"' -S '"
-                                SMLA_ROCPRIM_SORT_SOURCE "' -o '" + out + "' 2>&1", &st);
+  const std::string log = shell(compile_ + " -I'" SMLA_ROCPRIM_INCLUDE_DIR "' '-DSMLA_ROCPRIM_TARGETS=\"" + processor_ +
+                                    "\"' -S '" SMLA_ROCPRIM_SORT_SOURCE "' -o '" + out + "' 2>&1", &st);
   ASSERT_EQ(st, 0) << log;
   EXPECT_EQ(log.find("warning:"), std::string::npos) << log;
   std::ifstream f(out);
@@ -462,6 +466,9 @@ TEST_F(HipKernelsGfx950, TheRocprimSortCompilesWithClang20) {
   GTEST_SKIP() << "rocPRIM not found at configure time (librocprim-dev)";
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(Targets, HipKernelsClang20, ::testing::Values("gfx950", "gfx942"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 }  // namespace
 }  // namespace smla
