@@ -16,8 +16,10 @@ dest=$1/ziglang-$version
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/smla-zig.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 echo "ziglang==$version --hash=sha256:$sha256" > "$tmp/req.txt"
-# pip checks the hash; --only-binary: the manylinux wheel, never a source build.
-python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes -r "$tmp/req.txt" -d "$tmp/whl"
+# pip checks the hash; --only-binary: the manylinux wheel, never a source build; bounded, so that a network that does
+# not answer costs CI minutes at most.
+timeout 600 python3 -m pip download -q --timeout 30 --retries 2 --no-deps --only-binary=:all: --require-hashes \
+  -r "$tmp/req.txt" -d "$tmp/whl"
 [ -f "$tmp/whl/$wheel" ] || { echo "fetch_gfx950_clang.sh: pip gave no $wheel" >&2; exit 1; }
 mkdir -p "$tmp/x"
 python3 - "$tmp/whl/$wheel" "$tmp/x" <<'PY'
