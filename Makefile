@@ -5,7 +5,7 @@ JOBS  ?= $(shell nproc)
 DEB_PACKAGES = cmake g++ make pkgconf libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libcli11-dev \
                nlohmann-json3-dev libamdhip64-dev hipcc rocm-device-libs librocprim-dev
 
-.PHONY: deps build test demo clean gfx950-clang
+.PHONY: deps build test demo clean test-tools
 
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -20,12 +20,13 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(wildcard /usr/local/cuda/bin/nvcc),-DCUDAToolkit_ROOT=/usr/local/cuda)
 	cmake --build $(BUILD) -j $(JOBS)
 
-# A clang of LLVM 20 for the offline gfx950 compile check (cmake/fetch_gfx950_clang.sh: PyPI's ziglang wheel, pinned);
-# without it that one test skips and says why.
-gfx950-clang:
-	@bash cmake/fetch_gfx950_clang.sh $(BUILD)/_tools || echo "note: no clang 20 for the gfx950 compile check (it will skip)"
+# Tools of the offline tests that Debian and this toolkit lack (cmake/fetch_test_tools.sh: PyPI wheels, pinned): clang 20
+# for the gfx950 / gfx942 compile check, cuobjdump for the sweep's SASS checks; without them those tests skip or fall
+# back, and say so.
+test-tools:
+	@bash cmake/fetch_test_tools.sh $(BUILD)/_tools || echo "note: a test tool could not be fetched (its tests skip or fall back)"
 
-test: build gfx950-clang
+test: build test-tools
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 demo: build

@@ -11,9 +11,9 @@
 # the same ptxas, so the two agree on whether a change moved anything, not necessarily on the code itself). Prints, a
 # line a kernel: the tag, the digest, the instruction count and ptxas's register and spill report. DIR (default a
 # temporary directory) keeps the cubins, the SASS and ptxas's output.
-# Needs cuobjdump and nvdisasm (not in every toolkit install: CUOBJDUMP=/path/to/cuobjdump, or on PATH; pip's
-# nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels have them under nvidia/cu13/bin) and BUILD's smla-warmup
-# (BUILD: the build directory, default build).
+# Needs cuobjdump and nvdisasm (not in every toolkit install: CUOBJDUMP=/path/to/cuobjdump, else on PATH, else the
+# ones `make test` fetched into BUILD/_tools, cmake/fetch_test_tools.sh) and BUILD's smla-warmup (BUILD: the build
+# directory, default build).
 set -euo pipefail
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }  # the header comment
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +32,8 @@ shift $((OPTIND - 1))
 src=$(cd "$1" && pwd)
 [ ${#shapes[@]} -gt 0 ] || shapes=(--shape 4096,128,5120,512 --shape 4096,128,4128,160 --shape 4096,64,5120,640)
 cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || true)}
+[ -n "$cuobjdump" ] || ! [ -x "$build/_tools/cuobjdump-13.2.51/bin/cuobjdump" ] ||
+  cuobjdump=$build/_tools/cuobjdump-13.2.51/bin/cuobjdump
 [ -n "$cuobjdump" ] || { echo "sass_digest.sh: no cuobjdump (set CUOBJDUMP; see the header)" >&2; exit 2; }
 PATH=$(dirname "$cuobjdump"):$PATH  # its nvdisasm beside it
 cuda=${CUDA_HOME:-/usr/local/cuda}

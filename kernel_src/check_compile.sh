@@ -24,7 +24,8 @@ fail=0
 # cuobjdump is not in every toolkit install (pip: nvidia-cuda-cuobjdump; it also needs nvdisasm on PATH); without it HMMA is
 # checked on the PTX instead.
 CUOBJDUMP="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
-[ -n "$CUOBJDUMP" ] || echo "note: no cuobjdump (set CUOBJDUMP=...); checking mma.sync in PTX instead of HMMA in SASS"
+if [ -n "$CUOBJDUMP" ]; then echo "SASS checked with $CUOBJDUMP"; else
+  echo "note: no cuobjdump (set CUOBJDUMP=..., or make test-tools); checking mma.sync in PTX instead of HMMA in SASS"; fi
 
 cat > "$WORK/gen.cpp" <<'CPP'
 #include <cstdio>
