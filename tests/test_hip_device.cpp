@@ -66,5 +66,22 @@ TEST(HipDevice, LoadLaunchAndReadBackKeepTheCallersDevice) {
   EXPECT_EQ(current_device(), 0) << "read_back() left device 1 current";
 }
 
+// A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP
+// backend never said where device memory was, so a plan of device 1 took device 0's memory into its kernels (a memory
+// access fault without peer access).
+TEST(HipDevice, AnotherDevicesMemoryIsToldApart) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  const PointerInfo mine = be.pointer_info(device_ptr(1), 1);
+  EXPECT_EQ(mine.kind, PointerKind::Device);
+  EXPECT_EQ(mine.other_device, -1);
+  const PointerInfo other = be.pointer_info(device_ptr(0), 1);
+  EXPECT_EQ(other.kind, PointerKind::Device);
+  EXPECT_EQ(other.other_device, 0);
+  int host = 0;
+  EXPECT_EQ(be.pointer_info(&host, 1).kind, PointerKind::Host);
+}
+
 }  // namespace
 }  // namespace smla::test

@@ -175,7 +175,7 @@ PointerKind pointer_kind_from(int memory_type, int runtime_version) {
   return PointerKind::Unknown;
 }
 
-PointerInfo HipBackend::pointer_info(const void* ptr, int) const {
+PointerInfo HipBackend::pointer_info(const void* ptr, int device) const {
   const Api* api = Api::get();
   if (!api || !ptr || !usable(nullptr)) return {PointerKind::Unknown};
   PointerAttributes a{};
@@ -185,8 +185,11 @@ PointerInfo HipBackend::pointer_info(const void* ptr, int) const {
     api->hipGetLastError();
     return {PointerKind::Host};
   }
-  if (a.is_managed) return {PointerKind::Device};
-  return {pointer_kind_from(a.memory_type, hip_runtime_version(*api))};
+  if (a.is_managed) return {PointerKind::Device};  // managed memory serves every device
+  const PointerKind kind = pointer_kind_from(a.memory_type, hip_runtime_version(*api));
+  // Device memory of another device than the plan's: run() refuses it by name, as on CUDA.
+  const bool elsewhere = kind == PointerKind::Device && a.device >= 0 && a.device != device;
+  return {kind, elsewhere ? a.device : -1};
 }
 
 size_t HipBackend::max_shared_memory(int device) const {
