@@ -20,13 +20,15 @@ int g_launch_device = -1, g_sync_device = -1, g_copy_device = -1, g_load_device 
 bool is_device(const void* p) { return (reinterpret_cast<uint64_t>(p) >> 44) == (kDeviceBase >> 44); }
 int ordinal_of(const void* p) { return int((reinterpret_cast<uint64_t>(p) >> 32) & 0xf); }
 
-struct PointerAttributes {  // runtime/hip/hip_api.hpp's prefix of hipPointerAttribute_t
-  int memory_type;
+// ROCm's hipPointerAttribute_t (hip_runtime_api.h), written out here rather than taken from smla's own declaration
+// (runtime/hip/hip_api.hpp) so that the stub stands for the runtime, not for what smla believes of it.
+struct hipPointerAttribute_t {
+  int type;  // hipMemoryType
   int device;
-  void* device_pointer;
-  void* host_pointer;
-  int is_managed;
-  unsigned allocation_flags;
+  void* devicePointer;
+  void* hostPointer;
+  int isManaged;
+  unsigned allocationFlags;
 };
 }  // namespace
 
@@ -99,10 +101,10 @@ STUB int hipModuleLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, un
   return kOk;
 }
 STUB int hipFuncSetAttribute(const void*, int, int) { return kOk; }
-STUB int hipPointerGetAttributes(PointerAttributes* a, const void* p) {
+STUB int hipPointerGetAttributes(hipPointerAttribute_t* a, const void* p) {
   if (!is_device(p)) return kInvalidValue;  // ROCm 5's answer for plain host memory
   std::memset(a, 0, sizeof *a);
-  a->memory_type = 2;  // hipMemoryTypeDevice (ROCm 6)
+  a->type = 2;  // hipMemoryTypeDevice (ROCm 6)
   a->device = ordinal_of(p);
   return kOk;
 }
