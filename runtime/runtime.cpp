@@ -132,10 +132,18 @@ std::vector<BackendStatus> Runtime::backends() const {
   out.push_back({"cpu", true, true, "plain C++ phases, synchronous"});
   BackendStatus c{"cuda", false, false, ""};
   std::string why, cwhy;
+  // Device 0's target, or why it has none (a GPU below sm_80): this query says why not, it does not throw it.
+  auto target_of_0 = [](const Backend& be) {
+    try {
+      return ", target " + be.target(0);
+    } catch (const Error& e) {
+      return "; device 0: " + e.message();
+    }
+  };
   c.usable = impl_->cuda.usable(&why);
   c.can_compile = impl_->cuda.compiler()->available(&cwhy);
   if (c.usable) {
-    c.detail = std::to_string(impl_->cuda.device_count()) + " device(s), target " + impl_->cuda.target(0);
+    c.detail = std::to_string(impl_->cuda.device_count()) + " device(s)" + target_of_0(impl_->cuda);
   } else {
     c.detail = why;
   }
@@ -144,7 +152,7 @@ std::vector<BackendStatus> Runtime::backends() const {
   BackendStatus h{"hip", false, false, ""};
   h.usable = impl_->hip.usable(&why);
   h.can_compile = impl_->hip.compiler()->available(&cwhy);
-  h.detail = h.usable ? std::to_string(impl_->hip.device_count()) + " device(s), target " + impl_->hip.target(0) : why;
+  h.detail = h.usable ? std::to_string(impl_->hip.device_count()) + " device(s)" + target_of_0(impl_->hip) : why;
   h.detail += h.can_compile ? "; hipRTC " + impl_->hip.compiler()->identity() : "; cannot compile: " + cwhy;
   out.push_back(h);
   return out;

@@ -4,7 +4,8 @@
 //   - in a child forked after smla initialised CUDA, the CUDA backend is unusable and says why (fork), plan() on it
 //     is refused with that reason, and Auto resolves to the CPU;
 //   - a child of a process that initialised CUDA itself (PyTorch, say) is told to use spawn when cuInit fails;
-//   - the CUDA backend asks the driver once about each pointer run() checks.
+//   - the CUDA backend asks the driver once about each pointer run() checks;
+//   - backends() reports a GPU below sm_80 (SMLA_STUB_CC) instead of throwing.
 // Each scenario is this executable run again with --scenario NAME; it prints what it found, one item a line.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -99,6 +100,15 @@ int scenario(const std::string& name) {
     }
     return 0;
   }
+  if (name == "backends") {  // what Runtime::backends() says of the CUDA backend, or what it threw
+    try {
+      for (const BackendStatus& b : Runtime().backends())
+        if (b.name == "cuda") std::printf("cuda usable=%d detail=%s\n", int(b.usable), b.detail.c_str());
+    } catch (const Error& e) {
+      std::printf("backends threw %s: %s\n", status_name(e.status()), e.what());
+    }
+    return 0;
+  }
   if (name == "fork-after-init") {
     const auto& d = cuda::driver();
     std::printf("parent ok=%d why=%s\n", int(d.ok), d.why.c_str());
@@ -133,13 +143,14 @@ int scenario(const std::string& name) {
   return 2;
 }
 
-// Runs this executable with --scenario `name` and the stub driver (the real one: `stub` false); its output.
-std::string run_scenario(const std::string& name, bool stub = true) {
+// Runs this executable with --scenario `name` and the stub driver (the real one: `stub` false), `env` ("NAME=value ")
+// set for it; its output.
+std::string run_scenario(const std::string& name, bool stub = true, const std::string& env = "") {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return "readlink failed";
   self[n] = 0;
-  const std::string cmd = std::string(stub ? "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' " : "") +
+  const std::string cmd = env + std::string(stub ? "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA "' " : "") +
                           "SMLA_LOG_LEVEL=error timeout 60 '" + self + "' --scenario " + name + " 2>&1";
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -188,6 +199,18 @@ TEST(DriverFork, OnePointerQueryATensor) {
   EXPECT_TRUE(has(out, line("device0", PointerKind::Device, -1))) << out;
   EXPECT_TRUE(has(out, line("device1", PointerKind::Device, 1))) << out;
   EXPECT_TRUE(has(out, line("managed1", PointerKind::Device, -1))) << out;  // managed memory serves every device
+}
+
+// A machine whose GPU smla cannot run on (a T4, compute capability 7.5) still gets its answer from backends(), the
+// query that says why not: it threw Unsupported from reading device 0's target, so `smla-bench --backends` died there.
+TEST(DriverFork, BackendsReportsAGpuBelowSm80InsteadOfThrowing) {
+  const std::string ok = run_scenario("backends");
+  ASSERT_TRUE(has(ok, "cuda usable=1 detail=1 device(s), target sm_90a")) << "the stub's default device:\n" << ok;
+  const std::string out = run_scenario("backends", true, "SMLA_STUB_CC=75 ");
+  EXPECT_FALSE(has(out, "backends threw")) << out;
+  EXPECT_TRUE(has(out, "cuda usable=1 detail=1 device(s); device 0: compute capability 7.5 is below the supported "
+                       "minimum 8.0"))
+      << out;
 }
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.

@@ -29,11 +29,28 @@ class RocprimKernel : public LoadedKernel {
   const RocprimSort* sort_;
 };
 
-void make_current(const Api& api, int device) {
-  int cur = -1;
-  SMLA_HIP_CHECK(api, hipGetDevice(&cur));
-  if (cur != device) SMLA_HIP_CHECK(api, hipSetDevice(device));
-}
+// Makes `device` current for the scope and puts the caller's device back at its end, also on a throw (the CUDA
+// backend's ContextScope): a framework thread (PyTorch-ROCm) keeps allocating and launching on the device it had.
+class DeviceScope {
+ public:
+  DeviceScope(const Api& api, int device) : api_(api) {
+    SMLA_HIP_CHECK(api, hipGetDevice(&prev_));
+    if (prev_ != device) {
+      SMLA_HIP_CHECK(api, hipSetDevice(device));
+      switched_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (switched_) api_.hipSetDevice(prev_);  // best effort: a destructor must not throw
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  const Api& api_;
+  int prev_ = 0;
+  bool switched_ = false;
+};
 
 }  // namespace
 
@@ -92,7 +109,7 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
   if (!hip_target_supported(target(device), &why))
     throw Error(Status::Unsupported, "device " + std::to_string(device) + ": " + why, __FILE__, __LINE__,
                 "hipModuleLoadData");
-  make_current(api, device);
+  DeviceScope use(api, device);
   if (hip_is_library_kernel(spec)) {  // nothing compiled: `binary` is empty
     const RocprimSort* sort = spec.stem == kRocprimStem ? RocprimSort::get(&why) : nullptr;
     if (!sort)
@@ -126,7 +143,7 @@ void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const Sm
     // Stable sort of the chunk's (key, slot) pairs from buffer 1 - csr_final (smla_csr_keys
     // wrote it) into buffer csr_final, where rowptr and gather read; csr_hist is rocPRIM's
     // temporary storage, sized by the plan as at least temp_bytes(n, 0, end_bit).
-    make_current(rk->api_, rk->device_);
+    DeviceScope use(rk->api_, rk->device_);
     const int n = p.T * p.r_chunk, in = 1 - p.csr_final, out = p.csr_final;
     const int end_bit = radix_bits_for(p.num_kv);
     const size_t temp = rk->sort_->temp_bytes(n, 0, end_bit);
@@ -136,7 +153,7 @@ void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const Sm
   }
   const auto& k = static_cast<const HipKernel&>(lk);
   const Api& api = k.api_;
-  make_current(api, k.device_);
+  DeviceScope use(api, k.device_);
   SmlaParams params = p;
   params.pass = spec.pass;
   void* args[] = {&params};
@@ -158,7 +175,7 @@ PointerKind pointer_kind_from(int memory_type, int runtime_version) {
   return PointerKind::Unknown;
 }
 
-PointerInfo HipBackend::pointer_info(const void* ptr, int) const {
+PointerInfo HipBackend::pointer_info(const void* ptr, int device) const {
   const Api* api = Api::get();
   if (!api || !ptr || !usable(nullptr)) return {PointerKind::Unknown};
   PointerAttributes a{};
@@ -168,8 +185,11 @@ PointerInfo HipBackend::pointer_info(const void* ptr, int) const {
     api->hipGetLastError();
     return {PointerKind::Host};
   }
-  if (a.is_managed) return {PointerKind::Device};
-  return {pointer_kind_from(a.memory_type, hip_runtime_version(*api))};
+  if (a.is_managed) return {PointerKind::Device};  // managed memory serves every device
+  const PointerKind kind = pointer_kind_from(a.memory_type, hip_runtime_version(*api));
+  // Device memory of another device than the plan's: run() refuses it by name, as on CUDA.
+  const bool elsewhere = kind == PointerKind::Device && a.device >= 0 && a.device != device;
+  return {kind, elsewhere ? a.device : -1};
 }
 
 size_t HipBackend::max_shared_memory(int device) const {
@@ -179,8 +199,15 @@ size_t HipBackend::max_shared_memory(int device) const {
   return static_cast<size_t>(v);
 }
 
+// The stream (null: the current device's) is the one the plan ran on, of the device that holds `src` (the plan's
+// workspace): that device is made current for the wait and the copy, whichever the caller's thread has.
 void HipBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {
   const Api& api = Api::require();
+  PointerAttributes a{};
+  SMLA_HIP_CHECK(api, hipPointerGetAttributes(&a, src));
+  int device = a.device;
+  if (device < 0) SMLA_HIP_CHECK(api, hipGetDevice(&device));  // no device named: the current one, as before
+  DeviceScope use(api, device);
   SMLA_HIP_CHECK(api, hipStreamSynchronize(static_cast<hipStream_t>(stream)));
   SMLA_HIP_CHECK(api, hipMemcpyDtoH(dst, const_cast<void*>(src), bytes));
 }

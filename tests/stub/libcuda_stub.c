@@ -5,8 +5,10 @@
  * visibly. Pointers: none of this process's memory is CUDA's; the addresses STUB_DEVICE_BASE.. (never mapped, only asked
  * about) are device memory of the ordinal in bits 32-35, managed where bit 31 is set. Exports every symbol
  * runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls() and smla_stub_pointer_queries() (the calls of
- * cuPointerGetAttribute and cuPointerGetAttributes together). */
+ * cuPointerGetAttribute and cuPointerGetAttributes together). SMLA_STUB_CC (e.g. "75") sets the device's compute
+ * capability (default 90): a GPU smla does not support. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -49,12 +51,19 @@ int cuDeviceGet(int* dev, int ordinal) {
   return OK;
 }
 
+/* The compute capability, major * 10 + minor: SMLA_STUB_CC, else 90. */
+static int stub_cc(void) {
+  const char* e = getenv("SMLA_STUB_CC");
+  const int cc = e && *e ? atoi(e) : 0;
+  return cc > 0 ? cc : 90;
+}
+
 int cuDeviceGetAttribute(int* v, int attr, int dev) {
   STUB_GUARD;
   (void)dev;
   switch (attr) {
-    case 75: *v = 9; break;        /* compute capability major */
-    case 76: *v = 0; break;        /* minor */
+    case 75: *v = stub_cc() / 10; break; /* compute capability major */
+    case 76: *v = stub_cc() % 10; break; /* minor */
     case 97: *v = 232448; break;   /* max shared memory per block, opt-in */
     case 16: *v = 132; break;      /* multiprocessors */
     default: *v = 0;

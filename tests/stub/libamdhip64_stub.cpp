@@ -1,0 +1,136 @@
+// libamdhip64_stub.cpp: a stand-in libamdhip64 (SMLA_LIBHIP) with two gfx942 devices, so that a machine with no AMD
+// GPU can test what the HIP backend does around the current device: which device is current when it loads a module,
+// launches, synchronizes and copies, and which one the caller's thread has afterwards. It runs nothing and holds no
+// memory. Each thread has its own current device (0 at first), as in HIP. Device memory: the addresses
+// STUB_DEVICE_BASE.. (never mapped, only asked about), of the ordinal in bits 32-35, as the CUDA stub's. What smla
+// does not need here (hipRTC, allocation) answers hipErrorNotSupported. Exports the symbols runtime/hip/hip_api.cpp
+// binds, plus smla_stub_hip_* to read what the calls found.
+#include <cstdint>
+#include <cstring>
+
+namespace {
+enum { kOk = 0, kInvalidValue = 1, kInvalidDevice = 101, kNotSupported = 801 };
+constexpr int kDevices = 2;
+constexpr uint64_t kDeviceBase = 0xd00000000000ull;
+
+thread_local int g_current = 0;
+// The device current at the last call of each kind (-1: never called).
+int g_launch_device = -1, g_sync_device = -1, g_copy_device = -1, g_load_device = -1;
+
+bool is_device(const void* p) { return (reinterpret_cast<uint64_t>(p) >> 44) == (kDeviceBase >> 44); }
+int ordinal_of(const void* p) { return int((reinterpret_cast<uint64_t>(p) >> 32) & 0xf); }
+
+// ROCm's hipPointerAttribute_t (hip_runtime_api.h), written out here rather than taken from smla's own declaration
+// (runtime/hip/hip_api.hpp) so that the stub stands for the runtime, not for what smla believes of it.
+struct hipPointerAttribute_t {
+  int type;  // hipMemoryType
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+  int isManaged;
+  unsigned allocationFlags;
+};
+}  // namespace
+
+#define STUB extern "C" __attribute__((visibility("default")))
+
+STUB int smla_stub_hip_launch_device() { return g_launch_device; }
+STUB int smla_stub_hip_sync_device() { return g_sync_device; }
+STUB int smla_stub_hip_copy_device() { return g_copy_device; }
+STUB int smla_stub_hip_load_device() { return g_load_device; }
+
+STUB int hipInit(unsigned) { return kOk; }
+STUB int hipRuntimeGetVersion(int* v) {
+  *v = 60300000;  // 6.3.0
+  return kOk;
+}
+STUB int hipDriverGetVersion(int* v) {
+  *v = 60300000;
+  return kOk;
+}
+STUB const char* hipGetErrorName(int e) { return e == kOk ? "hipSuccess" : "hipErrorStub"; }
+STUB const char* hipGetErrorString(int) { return "stub HIP runtime"; }
+STUB int hipGetLastError() { return kOk; }
+STUB int hipGetDeviceCount(int* n) {
+  *n = kDevices;
+  return kOk;
+}
+STUB int hipDeviceGet(int* d, int ordinal) {
+  if (ordinal < 0 || ordinal >= kDevices) return kInvalidDevice;
+  *d = ordinal;
+  return kOk;
+}
+STUB int hipGetDevice(int* d) {
+  *d = g_current;
+  return kOk;
+}
+STUB int hipSetDevice(int d) {
+  if (d < 0 || d >= kDevices) return kInvalidDevice;
+  g_current = d;
+  return kOk;
+}
+STUB int hipDeviceGetAttribute(int* v, int attr, int device) {
+  if (device < 0 || device >= kDevices) return kInvalidDevice;
+  *v = attr == 74 ? 65536 : attr == 63 ? 304 : 0;  // max shared memory a block (LDS), multiprocessors
+  return kOk;
+}
+// A raw hipDeviceProp_t: smla finds gcnArchName by content.
+static int device_properties(void* prop, int device) {
+  if (device < 0 || device >= kDevices) return kInvalidDevice;
+  std::memset(prop, 0, 4096);
+  std::strcpy(static_cast<char*>(prop) + 1024, "gfx942:sramecc+:xnack-");
+  return kOk;
+}
+STUB int hipGetDeviceProperties(void* prop, int device) { return device_properties(prop, device); }
+STUB int hipGetDevicePropertiesR0600(void* prop, int device) { return device_properties(prop, device); }
+STUB int hipModuleLoadData(void** module, const void*) {
+  static int modules;
+  *module = &modules;
+  g_load_device = g_current;
+  return kOk;
+}
+STUB int hipModuleUnload(void*) { return kOk; }
+STUB int hipModuleGetFunction(void** fn, void*, const char*) {
+  static int functions;
+  *fn = &functions;
+  return kOk;
+}
+STUB int hipModuleLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**) {
+  g_launch_device = g_current;
+  return kOk;
+}
+STUB int hipFuncSetAttribute(const void*, int, int) { return kOk; }
+STUB int hipPointerGetAttributes(hipPointerAttribute_t* a, const void* p) {
+  if (!is_device(p)) return kInvalidValue;  // ROCm 5's answer for plain host memory
+  std::memset(a, 0, sizeof *a);
+  a->type = 2;  // hipMemoryTypeDevice (ROCm 6)
+  a->device = ordinal_of(p);
+  return kOk;
+}
+STUB int hipStreamSynchronize(void*) {
+  g_sync_device = g_current;
+  return kOk;
+}
+STUB int hipMemcpyDtoH(void* dst, const void* src, size_t bytes) {
+  if (!is_device(src)) return kInvalidValue;
+  std::memset(dst, 0, bytes);
+  g_copy_device = g_current;
+  return kOk;
+}
+
+#define STUB_UNSUPPORTED(name) \
+  STUB int name() { return kNotSupported; }
+STUB_UNSUPPORTED(hipMalloc)
+STUB_UNSUPPORTED(hipFree)
+STUB_UNSUPPORTED(hipMemcpy)
+STUB_UNSUPPORTED(hipMemcpyHtoD)
+STUB_UNSUPPORTED(hiprtcVersion)
+STUB_UNSUPPORTED(hiprtcCreateProgram)
+STUB_UNSUPPORTED(hiprtcCompileProgram)
+STUB_UNSUPPORTED(hiprtcGetProgramLogSize)
+STUB_UNSUPPORTED(hiprtcGetProgramLog)
+STUB_UNSUPPORTED(hiprtcGetCodeSize)
+STUB_UNSUPPORTED(hiprtcGetCode)
+STUB_UNSUPPORTED(hiprtcDestroyProgram)
+STUB const char* hiprtcGetErrorString(int) { return "stub hipRTC"; }

@@ -1,0 +1,87 @@
+// test_hip_device.cpp: the HIP backend and the caller's current device, with the stub runtime of
+// tests/stub/libamdhip64_stub.cpp (two gfx942 devices) as SMLA_LIBHIP: CI has no AMD GPU. As the CUDA backend keeps the
+// caller's current context (ApiCuda.TheCallersCurrentContextIsLeftAsItWas), the HIP backend makes a plan's device
+// current for its own calls only: a framework thread (PyTorch-ROCm) allocates on the device it had current.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/hip/hip_api.hpp"
+#include "runtime/hip/hip_backend.hpp"
+#include "runtime/phases.hpp"
+
+namespace smla::test {
+namespace {
+
+// Before anything opens the HIP runtime (once a process): the stub.
+const bool g_stub_named = [] { return ::setenv("SMLA_LIBHIP", SMLA_STUB_LIBHIP, 1) == 0; }();
+
+// What the stub saw (smla_stub_hip_*): the device current at the last call of a kind; -2 when the stub is not loaded.
+int stub(const char* counter) {
+  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return -2;
+  auto fn = reinterpret_cast<int (*)()>(dlsym(h, counter));
+  const int v = fn ? fn() : -2;
+  dlclose(h);
+  return v;
+}
+
+int current_device() {
+  int d = -1;
+  SMLA_HIP_CHECK(hip::Api::require(), hipGetDevice(&d));
+  return d;
+}
+
+// The stub's memory of device `ordinal` (as the CUDA stub's: bits 32-35).
+const void* device_ptr(int ordinal) { return reinterpret_cast<const void*>(0xd00000000000ull | (uint64_t(ordinal) << 32)); }
+
+TEST(HipDevice, LoadLaunchAndReadBackKeepTheCallersDevice) {
+  ASSERT_TRUE(g_stub_named);
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << "the stub HIP runtime did not open: " << why;
+  ASSERT_EQ(be.device_count(), 2);
+  ASSERT_EQ(current_device(), 0);
+  const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 256);
+
+  auto k = be.load(spec, {0}, 1);  // plan() for device 1 from a thread on device 0
+  EXPECT_EQ(stub("smla_stub_hip_load_device"), 1) << "the module was not loaded on device 1";
+  EXPECT_EQ(current_device(), 0) << "load() left device 1 current";
+
+  SMLA_HIP_CHECK(hip::Api::require(), hipSetDevice(0));
+  const SmlaParams p{};
+  be.launch(*k, spec, p, nullptr);  // the null stream: device 1's
+  EXPECT_EQ(stub("smla_stub_hip_launch_device"), 1) << "the kernel was not launched on device 1";
+  EXPECT_EQ(current_device(), 0) << "launch() left device 1 current";
+
+  // index_report(): the workspace is device 1's, and so is the null stream that ran the plan.
+  SMLA_HIP_CHECK(hip::Api::require(), hipSetDevice(0));
+  int rep[4] = {1, 1, 1, 1};
+  be.read_back(rep, device_ptr(1), sizeof rep, nullptr);
+  EXPECT_EQ(stub("smla_stub_hip_sync_device"), 1) << "read_back() waited for another device's null stream";
+  EXPECT_EQ(rep[0], 0);
+  EXPECT_EQ(current_device(), 0) << "read_back() left device 1 current";
+}
+
+// A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP
+// backend never said where device memory was, so a plan of device 1 took device 0's memory into its kernels (a memory
+// access fault without peer access).
+TEST(HipDevice, AnotherDevicesMemoryIsToldApart) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  const PointerInfo mine = be.pointer_info(device_ptr(1), 1);
+  EXPECT_EQ(mine.kind, PointerKind::Device);
+  EXPECT_EQ(mine.other_device, -1);
+  const PointerInfo other = be.pointer_info(device_ptr(0), 1);
+  EXPECT_EQ(other.kind, PointerKind::Device);
+  EXPECT_EQ(other.other_device, 0);
+  int host = 0;
+  EXPECT_EQ(be.pointer_info(&host, 1).kind, PointerKind::Host);
+}
+
+}  // namespace
+}  // namespace smla::test
