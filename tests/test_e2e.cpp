@@ -112,6 +112,35 @@ TEST(E2E, AnEmptyTokensNanGradientStaysOutOnEveryCudaDqBody) {
   }
 }
 
+// dq_impl 4 is dq_impl 3 made persistent (at most one CTA an SM, each taking blocks blockIdx.x, + gridDim.x, ...):
+// the same arithmetic in the same order, so the same bits, whether the T * H / 64 blocks of work are fewer than the
+// SMs (T = 1: 2 blocks) or many more, in one chunk or several (the carry), with H 64 and 128. Checked against the
+// float64 reference too.
+TEST(E2E, PersistentDqKeepsTheProducerBodysBits) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  if (shared_runtime().plan(make_problem(BackendKind::Cuda, kNanEmptyToken))->info().target != "sm_90a")
+    GTEST_SKIP() << "dq_impl 3 and 4 need sm_90a";
+  for (const Case& c : {Case{1, 128, 300, 160, 0, true, ref::TopkKind::Benchmark},
+                        Case{300, 64, 900, 160, 0, true, ref::TopkKind::Benchmark},
+                        Case{257, 128, 1300, 512, 128, true, ref::TopkKind::Benchmark}}) {
+    SCOPED_TRACE(describe(c));
+    const ref::Inputs in = make_case_inputs(c, 91);
+    const Problem p = make_problem(BackendKind::Cuda, c);
+    auto run = [&](int impl) {
+      TileConfig cfg;
+      cfg.dq_impl = impl;
+      auto plan = shared_runtime().plan(p, cfg);
+      tools::CaseRunner cr(p, in);
+      return run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+    };
+    const tools::Outputs three = run(3), four = run(4);
+    expect_same_bits(three, four);
+    const ref::Grads g = ref::backward(in);
+    expect_bar("dq (dq_impl 4)", ref::compare(g.dq, four.dq.data(), g.dq.size()));
+    expect_bar("dkv (dq_impl 4)", ref::compare(g.dkv, four.dkv.data(), g.dkv.size()));
+  }
+}
+
 // The tiles the planner gives an A100 (sm_80: 163 KB of shared memory), run here on the mma.sync bodies: no sm_8x GPU
 // is at hand, this is how they are checked.
 TEST(E2E, TheA100TilesOnThisGpu) {
