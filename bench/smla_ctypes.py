@@ -168,8 +168,8 @@ class Plan:
         return buf[off:off + self.workspace_bytes]
 
     def bind(self, q, kv, o, do, lse, topk, sink, dq, dkv, d_sink, workspace):
-        """Fills an smla_tensors_t from torch tensors (kept alive by the returned callable); the callable
-        runs the plan on the stream given (an int handle, 0 / None: the default stream)."""
+        """Fills an smla_tensors_t from torch tensors (kept alive by the returned callable, and so is the
+        plan); the callable runs the plan on the stream given (an int handle, 0 / None: the default stream)."""
         p = self.problem
         for name, x in (("q", q), ("o", o), ("do", do), ("dq", dq), ("kv", kv), ("dkv", dkv), ("lse", lse),
                         ("topk", topk)):
@@ -203,7 +203,8 @@ class Plan:
             t.attn_sink_dtype, t.d_sink_dtype = _dtype_tag(sink), _dtype_tag(d_sink)
         ws_ptr = None if workspace is None else workspace.data_ptr()
         ws_bytes = self.workspace_bytes
-        keep = (q, kv, o, do, lse, topk, sink, dq, dkv, d_sink, workspace)
+        # The plan too: `rt.plan(...).bind(...)` dropped it at once, and its destructor freed what the callable runs.
+        keep = (self, q, kv, o, do, lse, topk, sink, dq, dkv, d_sink, workspace)
         run, check, h = self.smla.lib.smla_plan_run, self.smla.check, self.h
 
         def call(stream=None):
