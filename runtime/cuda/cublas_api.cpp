@@ -147,7 +147,8 @@ GemmRate measure(const Cublas& api, int n, CUstream stream, int repeats) {
   GemmRate r;
   r.n = n;
   r.repeats = repeats;
-  r.ms = times[times.size() / 2];
+  const size_t m = times.size();
+  r.ms = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);  // the median (of an even count: the middle mean)
   r.tflops = 2.0 * double(n) * n * n / (r.ms * 1e-3) / 1e12;
   r.library = api.path;
   return r;
