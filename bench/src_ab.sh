@@ -119,10 +119,14 @@ checks() {
 }
 [ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" = 1 ] && checks
 # Round-major: every shape's round r before any shape's round r + 1, so that a budget too short for all the rounds
-# drops the last rounds of every shape rather than every round of the last shapes.
+# drops the last rounds of every shape rather than every round of the last shapes. The variants' order is reversed on
+# even rounds (A B, B A, ...), so that a drift within a round (the clock settling at the power cap) does not always
+# fall on the same variant.
 for ((r = 1; r <= ROUNDS; ++r)); do
+  order=("${variants[@]}")
+  if ((r % 2 == 0)); then order=(); for ((i = ${#variants[@]} - 1; i >= 0; --i)); do order+=("${variants[i]}"); done; fi
   for s in "${shapes[@]}"; do
-    for v in "${variants[@]}"; do bench "$v" "${v}_${s//,/_}_r$r" --json --breakdown --gemm-n 1024 --repeat "$REPEAT" --shape "$s"; done
+    for v in "${order[@]}"; do bench "$v" "${v}_${s//,/_}_r$r" --json --breakdown --gemm-n 1024 --repeat "$REPEAT" --shape "$s"; done
   done
 done
 for s in "${shapes[@]}"; do
