@@ -163,7 +163,8 @@ for v in variants:
         ms = statistics.median(j["ms"] for j in runs)
         phases = {k: statistics.median(j["phases"][k] for j in runs if k in j.get("phases", {}))
                   for k in runs[0].get("phases", {})}
-        first = ms if first is None else first
+        if first is None:
+            first, first_label = ms, label
         # The outputs' digests (smla-bench's out_xxh64, the first run of each process): the same in every round
         # (deterministic across processes), and the same as the first row's (bitwise equal to the baseline)?
         digests = [j.get("out_xxh64") for j in runs if j.get("out_xxh64")]
@@ -177,7 +178,8 @@ for v in variants:
                    "out: differs from %s (%s)" % (first_out[0], ", ".join(differs)) if differs else
                    "out: same in every round" if first_out[0] == label else "out: bitwise %s's" % first_out[0])
         rows.append((label, ms, phases, len(runs), note))
-print("shape %s, median over rounds (ms):" % tag.replace("_", ","))
+print("shape %s, median over rounds (ms)%s:" % (tag.replace("_", ","), "" if first is None or rows[0][1] is not None
+      else "; the first variant has no numbers, so the ratios are to " + first_label))
 for v, ms, phases, n, note in rows:
     if ms is None:
         print("  %-20s no numbers: %s" % (v, next(iter(phases)))); continue
