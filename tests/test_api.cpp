@@ -319,12 +319,15 @@ void capture_and_replay(const Case& c, CUstreamCaptureMode mode = CU_STREAM_CAPT
   expect_bar("dkv", ref::compare(g.dkv, replay.dkv.data(), replay.dkv.size()));
 }
 
+// The captured cases: two top-k chunks; then also three token chunks of them (the side stream forks and joins six
+// times a run).
+const Case kGraphCases[] = {
+    Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark},
+    Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark, false, false, LseKind::Aiter, false, 100}};
+
 TEST(Api, CudaGraphReplayMatchesADirectRun) {
   if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): graph capture not run";
-  // Two top-k chunks; then also three token chunks of them (the side stream forks and joins six times).
-  for (const Case& c : {Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark},
-                        Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark, false, false, LseKind::Aiter, false,
-                             100}}) {
+  for (const Case& c : kGraphCases) {
     SCOPED_TRACE(describe(c));
     capture_and_replay(c);
   }
@@ -336,9 +339,7 @@ TEST(Api, CudaGraphReplayMatchesADirectRun) {
 // untested: the test above captures one run in thread-local mode).
 TEST(Api, CudaGraphOfSeveralRunsInGlobalModeMatchesADirectRun) {
   if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): graph capture not run";
-  for (const Case& c : {Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark},
-                        Case{257, 64, 700, 160, 80, true, ref::TopkKind::Benchmark, false, false, LseKind::Aiter, false,
-                             100}}) {
+  for (const Case& c : kGraphCases) {
     SCOPED_TRACE(describe(c));
     capture_and_replay(c, CU_STREAM_CAPTURE_MODE_GLOBAL, 3);
   }
