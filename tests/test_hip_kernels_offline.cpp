@@ -331,7 +331,7 @@ void link_all(const std::string& from, const std::string& to) {
   ASSERT_EQ(st, 0) << "could not link " << from << " into " << to;
 }
 
-// "(FIELD) N" after each occurrence of `key` in the assembly, as integers.
+// The integer after each occurrence of `key` in the assembly.
 std::vector<long> values_after(const std::string& text, const std::string& key) {
   std::vector<long> out;
   for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1))
