@@ -19,6 +19,7 @@
 #include "tools/case_runner.hpp"
 #include "tools/inputs_file.hpp"
 #include "runtime/cuda/cublas_api.hpp"
+#include "runtime/stats.hpp"
 #include "smla/smla.hpp"
 #include "tests/reference/reference.hpp"
 
@@ -59,14 +60,7 @@ int print_backends(bool json) {
 
 double flops(const smla::Problem& p) { return 10.0 * p.T * p.H * p.topk * 512.0; }
 
-// The median: for an even count the mean of the two middle values (v[n / 2] alone was the upper one: of two rounds,
-// the slower).
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using smla::median;
 
 // One plan (one pair of dq and dkv_interm bodies) of the problem and what was measured with it.
 struct Case {
@@ -405,8 +399,8 @@ int main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
-                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (even with 3 at TOPK 160, "
-                 "slower at 1152) (several: timed in alternating rounds, each with its ratio to the first); the GPU's: "
+                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (5.5% faster than 3 "
+                 "end to end at TOPK 160, even from 512 up: perf notes v25) (several: timed in alternating rounds, each with its ratio to the first); the GPU's: "
                  "on the CPU backend only 0")
       ->delimiter(',')
       ->transform(smla::tools::decimal(o.dq_impls))

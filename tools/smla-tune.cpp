@@ -23,6 +23,7 @@
 #include "runtime/env.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/sources.hpp"
+#include "runtime/stats.hpp"
 #include "runtime/tuning_db.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
@@ -55,10 +56,7 @@ struct Candidate {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using smla::median;  // of an even --repeat (the default 10) it was the upper middle time, as smla-bench's was
 
 long long define_of(const smla::KernelSpec& k, const char* name) {
   for (const auto& d : k.defines)

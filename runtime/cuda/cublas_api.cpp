@@ -11,6 +11,7 @@
 
 #include "../bf16.hpp"
 #include "../log.hpp"
+#include "../stats.hpp"
 #include "device_memory.hpp"
 
 namespace smla::cuda {
@@ -143,12 +144,10 @@ GemmRate measure(const Cublas& api, int n, CUstream stream, int repeats) {
                                           ", the host's dot product is " + std::to_string(want));
   }
 
-  std::sort(times.begin(), times.end());
   GemmRate r;
   r.n = n;
   r.repeats = repeats;
-  const size_t m = times.size();
-  r.ms = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);  // the median (of an even count: the middle mean)
+  r.ms = median(times);
   r.tflops = 2.0 * double(n) * n * n / (r.ms * 1e-3) / 1e12;
   r.library = api.path;
   return r;
