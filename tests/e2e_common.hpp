@@ -112,9 +112,7 @@ inline void expect_bar(const char* name, const ref::Compare& cmp) {
                                    << " finite " << cmp.finite << " unwritten " << cmp.unwritten;
 }
 
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using tools::same_bits;
 
 inline void expect_same_bits(const tools::Outputs& a, const tools::Outputs& b) {
   EXPECT_TRUE(a.dq == b.dq) << "dq differs between two runs";

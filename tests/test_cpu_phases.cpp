@@ -12,6 +12,7 @@
 #include "reference/reference.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/cpu/cpu_phases.hpp"
+#include "tools/case_runner.hpp"
 
 using namespace smla::ref;
 
@@ -210,9 +211,7 @@ void expect_bar(const Inputs& in, const Grads& g, const Outputs& out) {
 }
 
 bool same_bits(const Outputs& a, const Outputs& b) {
-  return a.dq == b.dq && a.dkv == b.dkv && a.d_sink == b.d_sink &&
-         std::memcmp(a.dkv_f32.data(), b.dkv_f32.data(), a.dkv_f32.size() * 4) == 0 &&
-         a.dkv_f32.size() == b.dkv_f32.size();
+  return a.dq == b.dq && a.dkv == b.dkv && a.d_sink == b.d_sink && smla::tools::same_bits(a.dkv_f32, b.dkv_f32);
 }
 
 }  // namespace

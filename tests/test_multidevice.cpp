@@ -18,10 +18,8 @@ namespace {
 constexpr size_t D = 512;
 
 bool same(const tools::Outputs& a, const tools::Outputs& b) {
-  auto eq32 = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
-  return a.dq == b.dq && a.dkv == b.dkv && eq32(a.dkv_f32, b.dkv_f32) && eq32(a.d_sink, b.d_sink);
+  return a.dq == b.dq && a.dkv == b.dkv && tools::same_bits(a.dkv_f32, b.dkv_f32) &&
+         tools::same_bits(a.d_sink, b.d_sink);
 }
 
 void expect_reference(const Problem& p, const ref::Inputs& in, const tools::Outputs& o) {
@@ -199,11 +197,8 @@ TEST(MultiRuntimeCuda, SeqparOverNcclOnTwoDevices) {
   for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(same(outs[size_t(r)][1], outs[size_t(r)][0])) << "rank " << r << ": reruns differ";
   // dq rows differ by design (each rank writes its own); the sums must match bit for bit.
-  auto eq32 = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-  };
-  EXPECT_TRUE(eq32(outs[0][0].dkv_f32, outs[1][0].dkv_f32)) << "ranks hold different dkv sums";
-  EXPECT_TRUE(eq32(outs[0][0].d_sink, outs[1][0].d_sink)) << "ranks hold different d_sink sums";
+  EXPECT_TRUE(tools::same_bits(outs[0][0].dkv_f32, outs[1][0].dkv_f32)) << "ranks hold different dkv sums";
+  EXPECT_TRUE(tools::same_bits(outs[0][0].d_sink, outs[1][0].d_sink)) << "ranks hold different d_sink sums";
 
   tools::Outputs merged;
   const size_t row = size_t(whole.H) * D;

@@ -124,7 +124,7 @@ std::vector<T> CaseRunner::read(const void* p, size_t count) const {
   if (device_) {
     sync();
     SMLA_CU(cuda::driver().MemcpyDtoH(v.data(), reinterpret_cast<CUdeviceptr>(p), count * sizeof(T)));
-  } else {
+  } else if (count) {
     std::memcpy(v.data(), p, count * sizeof(T));
   }
   return v;

@@ -2,6 +2,7 @@
 // backend, device memory for CUDA), poisoned outputs, and read-back. Shared by smla-bench and
 // the end-to-end tests so both exercise the public API the same way.
 #pragma once
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,13 @@
 #include "tests/reference/reference.hpp"
 
 namespace smla::tools {
+
+/// Whether two vectors hold the same bytes (floats as bits: -0 and NaN payloads count). Empty ones are equal without
+/// a memcmp of their (possibly null) data, which is undefined behaviour even for zero bytes.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
 
 struct Outputs {
   std::vector<uint16_t> dq, dkv;  // bf16 bits

@@ -57,9 +57,7 @@ struct RankOut {
   tools::Outputs one;  // rank 0 on CUDA: the one-rank run, for --check
 };
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using tools::same_bits;
 
 RankOut run_rank(Runtime& rt, const Problem& whole, const ref::Inputs& in, int rank, int n, seqpar::Reducer& red) {
   RankOut out;
@@ -173,7 +171,7 @@ struct Reader {
     pod(n);
     if (at + n * sizeof(T) > s.size()) throw std::runtime_error("a rank's result is truncated");
     v.resize(n);
-    std::memcpy(v.data(), s.data() + at, n * sizeof(T));
+    if (n) std::memcpy(v.data(), s.data() + at, n * sizeof(T));
     at += n * sizeof(T);
   }
 };
