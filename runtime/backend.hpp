@@ -98,6 +98,10 @@ class Backend {
   virtual void* acquire_side_stream(int /*device*/) { return nullptr; }
   virtual void release_side_stream(int /*device*/, void* /*stream*/) {}
   virtual void stream_wait(int /*device*/, void* /*waiter*/, void* /*on*/) {}
+  /// Asked only after a launch or stream operation of run() failed: why `stream` cannot take work for `device` (it
+  /// belongs to another device, or to a context other than the one the plan's kernels are loaded in), or empty when
+  /// it can, or when the backend cannot tell. The driver alone reports such a stream as an invalid handle.
+  virtual std::string foreign_stream(int /*device*/, void* /*stream*/) const { return {}; }
   /// Copies `bytes` from backend memory to the host after the stream's work (synchronizes).
   /// Not for hot paths: index reports and tests only.
   virtual void read_back(void* dst, const void* src, size_t bytes, void* stream) const = 0;

@@ -302,8 +302,26 @@ void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const
   }
 }
 
+// A driver error of run() with a stream the plan's device cannot use: the driver says only "invalid resource handle";
+// name the stream instead (the backend is asked after the failure, never on the way in).
+void PlanImpl::rethrow_if_foreign_stream(const Error& e, void* stream) const {
+  if (e.status() != Status::DriverError) return;
+  const std::string why = backend_->foreign_stream(problem_.device, stream);
+  if (!why.empty())
+    throw Error(Status::InvalidArgument, "run(): " + why + " (" + e.message() + ")", e.file(), e.line(), e.call());
+}
+
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
   const SmlaParams base = base_params(t, workspace, workspace_size);
+  try {
+    run_steps(base, stream);
+  } catch (const Error& e) {
+    rethrow_if_foreign_stream(e, stream);
+    throw;
+  }
+}
+
+void PlanImpl::run_steps(const SmlaParams& base, void* stream) const {
   Backend& be = *backend_;
   const int dev = problem_.device;
   // Side steps (csr) go to a side stream forked from `stream` and are joined back before the step
@@ -347,7 +365,13 @@ void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, voi
 void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
   SMLA_REQUIRE(i < steps_.size(), Status::InvalidArgument,
                "launch index " + std::to_string(i) + " out of range (" + std::to_string(steps_.size()) + ")");
-  launch_step(i, base_params(t, workspace, workspace_size), stream);
+  const SmlaParams base = base_params(t, workspace, workspace_size);
+  try {
+    launch_step(i, base, stream);
+  } catch (const Error& e) {
+    rethrow_if_foreign_stream(e, stream);
+    throw;
+  }
 }
 
 std::string PlanImpl::launch_phase(size_t i) const {

@@ -27,6 +27,10 @@ class PlanImpl : public Plan {
   /// Step i's params: its chunk, pass, and for a token chunk its tokens' offsets.
   SmlaParams step_params(size_t i, const SmlaParams& base) const;
   void launch_step(size_t i, const SmlaParams& base, void* stream) const;
+  /// Every step in order, csr on a side stream where the backend has one.
+  void run_steps(const SmlaParams& base, void* stream) const;
+  /// Throws InvalidArgument naming the stream when `e` is a driver error and the backend finds `stream` foreign.
+  void rethrow_if_foreign_stream(const Error& e, void* stream) const;
 
   Problem problem_;
   std::shared_ptr<const void> owner_;  // the Runtime's state that backend_ points into: a plan may outlive its Runtime

@@ -1,5 +1,6 @@
 // test_api.cpp: the public API's promises: bad input gets a clear error naming the argument and
 // changes nothing; the index check; the C API; plan() reuse; threads; CUDA graphs (on a GPU).
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <grp.h>
 #include <sys/mman.h>
@@ -664,6 +665,58 @@ TEST(ApiCuda, TheCallersCurrentContextIsLeftAsItWas) {
   expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
 }
 
+// A stream of another context of the plan's device (cuCtxCreate's, not the primary context the plan's kernels are
+// loaded in): run() refuses it naming the stream (the driver alone said "invalid resource handle"), and the plan
+// still runs correctly on a stream of its own afterwards.
+TEST(ApiCuda, AStreamOfAnotherContextIsNamedByRun) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  const ref::Inputs in = make_case_inputs(kSmall, 47);
+  const Problem p = make_problem(BackendKind::Cuda, kSmall);
+  auto plan = shared_runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  void* ws = cr.workspace(plan->workspace_bytes());
+
+  void* h = dlopen(cuda::driver().path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  using Create = CUresult (*)(CUcontext*, unsigned, CUdevice);
+  using Destroy = CUresult (*)(CUcontext);
+  auto create = h ? reinterpret_cast<Create>(dlsym(h, "cuCtxCreate_v2")) : nullptr;
+  auto destroy = h ? reinterpret_cast<Destroy>(dlsym(h, "cuCtxDestroy_v2")) : nullptr;
+  ASSERT_TRUE(create && destroy) << "libcuda (" << cuda::driver().path << ") has no cuCtxCreate_v2 / cuCtxDestroy_v2";
+  const CUcontext callers = current_context();
+  CUdevice dev;
+  SMLA_CU(cuda::driver().DeviceGet(&dev, p.device));
+  CUcontext other = nullptr;
+  SMLA_CU(create(&other, 0, dev));  // made current
+  CUstream theirs = nullptr;
+  SMLA_CU(cuda::driver().StreamCreate(&theirs, CU_STREAM_NON_BLOCKING));
+  SMLA_CU(cuda::driver().CtxSetCurrent(callers));
+
+  try {
+    plan->run(cr.tensors(), ws, cr.workspace_size(), theirs);
+    ADD_FAILURE() << "run() took a stream of another context";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the stream belongs to a context of CUDA device 0 other than its primary "
+                                         "context"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(current_context(), callers) << "run() left another context current";
+  SMLA_CU(cuda::driver().CtxSetCurrent(other));
+  SMLA_CU(cuda::driver().StreamDestroy(theirs));
+  SMLA_CU(cuda::driver().CtxSetCurrent(callers));
+  SMLA_CU(destroy(other));
+
+  cuda::ensure_context();
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  const ref::Grads g = ref::backward(in);
+  const tools::Outputs out = cr.read_outputs();
+  expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+  expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
+  expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
+}
+
 // A backend with a side stream whose launch number `fail_at` throws as a driver would; it records the forks and joins.
 class ForkingBackend : public Backend {
  public:
@@ -684,8 +737,14 @@ class ForkingBackend : public Backend {
   void* acquire_side_stream(int) override { return &side; }
   void release_side_stream(int, void* s) override { released = s; }
   void stream_wait(int, void* waiter, void* on) override { waits.emplace_back(waiter, on); }
+  std::string foreign_stream(int, void* s) const override {
+    ++foreign_asks;
+    return s == foreign ? "the stream belongs to CUDA device 1" : "";
+  }
 
   size_t fail_at = 0, launches = 0;
+  void* foreign = nullptr;  // the stream foreign_stream() finds foreign
+  mutable int foreign_asks = 0;
   int side = 0;
   void* released = nullptr;
   std::vector<std::pair<void*, void*>> waits;  // (waiter, on)
@@ -728,6 +787,52 @@ TEST(Api, AFailedLaunchIsNamedAndTheSideStreamJoinedBack) {
   const std::vector<std::pair<void*, void*>> want{{&be.side, &main_stream}, {&main_stream, &be.side}};
   EXPECT_EQ(be.waits, want) << "fork then join expected";
   EXPECT_EQ(be.released, &be.side);
+}
+
+// A driver error of run() on a stream the backend finds foreign is an InvalidArgument naming the stream, with the
+// driver's words kept; on any other stream the driver's error stands. The backend is asked only after a failure: a
+// run that succeeds asks nothing (no driver call added to run()'s path). run_launch() likewise.
+TEST(Api, AForeignStreamIsNamedAfterTheDriversError) {
+  const Problem p = make_problem(BackendKind::Cpu, kSmall);
+  auto cpu_plan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(p));
+  ASSERT_TRUE(cpu_plan);
+  ForkingBackend be;
+  PlanImpl plan = *cpu_plan;
+  plan.backend_ = &be;
+  tools::CaseRunner cr(p, make_case_inputs(kSmall, 43));
+  void* ws = cr.workspace(plan.workspace_bytes());
+  int theirs = 0, ours = 0;
+  be.foreign = &theirs;
+
+  be.fail_at = size_t(-1);
+  plan.run(cr.tensors(), ws, cr.workspace_size(), &theirs);
+  EXPECT_EQ(be.foreign_asks, 0) << "a run that succeeded asked about its stream";
+
+  for (const bool whole_run : {true, false}) {
+    be.launches = 0;
+    be.fail_at = 0;
+    try {
+      if (whole_run)
+        plan.run(cr.tensors(), ws, cr.workspace_size(), &theirs);
+      else
+        plan.run_launch(0, cr.tensors(), ws, cr.workspace_size(), &theirs);
+      ADD_FAILURE() << "the failing launch did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      const std::string what = e.message();
+      EXPECT_EQ(what.rfind("run(): the stream belongs to CUDA device 1 (launch 0 of ", 0), 0u) << what;
+      EXPECT_NE(what.find("CUDA_ERROR_LAUNCH_FAILED"), std::string::npos) << what;
+      EXPECT_EQ(e.call(), "cuLaunchKernel(...)");
+    }
+    be.launches = 0;
+    try {
+      plan.run(cr.tensors(), ws, cr.workspace_size(), &ours);
+      ADD_FAILURE() << "the failing launch did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::DriverError) << e.what();
+    }
+  }
+  EXPECT_EQ(be.foreign_asks, 4);
 }
 
 }  // namespace

@@ -100,6 +100,31 @@ int scenario(const std::string& name) {
     }
     return 0;
   }
+  if (name == "foreign-stream") {  // why a stream cannot take device 0's launches (SMLA_STUB_DEVICES=2)
+    void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW);
+    auto stream = h ? reinterpret_cast<void* (*)(int, int)>(dlsym(h, "smla_stub_stream")) : nullptr;
+    if (!stream || !cuda::driver().ok) {
+      std::printf("no stub driver: %s\n", cuda::driver().why.c_str());
+      return 1;
+    }
+    const cuda::CudaBackend be;
+    CUcontext callers = nullptr;  // a caller with device 1's primary context current
+    CUdevice dev1 = 0;
+    SMLA_CU(cuda::driver().DeviceGet(&dev1, 1));
+    SMLA_CU(cuda::driver().DevicePrimaryCtxRetain(&callers, dev1));
+    SMLA_CU(cuda::driver().CtxSetCurrent(callers));
+    const std::pair<const char*, void*> streams[] = {{"null", nullptr},
+                                                     {"legacy", CU_STREAM_LEGACY},
+                                                     {"device0", stream(0, 1)},
+                                                     {"device1", stream(1, 1)},
+                                                     {"device0-other-context", stream(0, 0)},
+                                                     {"unknown-handle", reinterpret_cast<void*>(0x1230)}};
+    for (const auto& [what, s] : streams) std::printf("%s: [%s]\n", what, be.foreign_stream(0, s).c_str());
+    CUcontext now = nullptr;
+    SMLA_CU(cuda::driver().CtxGetCurrent(&now));
+    std::printf("caller's context kept=%d\n", int(now == callers));
+    return 0;
+  }
   if (name == "backends") {  // what Runtime::backends() says of the CUDA backend, or what it threw
     try {
       for (const BackendStatus& b : Runtime().backends())
@@ -199,6 +224,23 @@ TEST(DriverFork, OnePointerQueryATensor) {
   EXPECT_TRUE(has(out, line("device0", PointerKind::Device, -1))) << out;
   EXPECT_TRUE(has(out, line("device1", PointerKind::Device, 1))) << out;
   EXPECT_TRUE(has(out, line("managed1", PointerKind::Device, -1))) << out;  // managed memory serves every device
+}
+
+// run() names a stream the plan's device cannot use (the driver says only "invalid resource handle"): the backend's
+// answer after a failed launch, here against the stub's two devices and their contexts. On the GPU,
+// ApiCuda.AStreamOfAnotherContextIsNamedByRun checks run()'s error itself.
+TEST(DriverFork, AForeignStreamIsNamed) {
+  const std::string out = run_scenario("foreign-stream", true, "SMLA_STUB_DEVICES=2 ");
+  EXPECT_TRUE(has(out, "null: []\n")) << out;
+  EXPECT_TRUE(has(out, "legacy: []\n")) << out;
+  EXPECT_TRUE(has(out, "device0: []\n")) << out;
+  EXPECT_TRUE(has(out, "device1: [the stream belongs to CUDA device 1, and the plan is for device 0 (Problem::device)"))
+      << out;
+  EXPECT_TRUE(has(out, "device0-other-context: [the stream belongs to a context of CUDA device 0 other than its "
+                       "primary context"))
+      << out;
+  EXPECT_TRUE(has(out, "unknown-handle: []\n")) << out;  // left to the driver's own error
+  EXPECT_TRUE(has(out, "caller's context kept=1\n")) << out;
 }
 
 // A machine whose GPU smla cannot run on (a T4, compute capability 7.5) still gets its answer from backends(), the

@@ -278,6 +278,34 @@ void CudaBackend::stream_wait(int device, void* waiter, void* on) {
   SMLA_CU(driver().StreamWaitEvent(static_cast<CUstream>(waiter), sd.event, 0));
 }
 
+// Asked after a failure only (a query of every run's stream would add a driver call to the hot path). The null stream,
+// CU_STREAM_LEGACY and CU_STREAM_PER_THREAD stand for the current context's, which launch() makes the plan's: never
+// foreign. A stream the driver cannot place (destroyed, garbage) is left to the driver's own error.
+std::string CudaBackend::foreign_stream(int device, void* stream) const {
+  const auto s = static_cast<CUstream>(stream);
+  if (!driver().ok || !s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return {};
+  CUcontext sctx = nullptr;
+  if (driver().StreamGetCtx(s, &sctx) != CUDA_SUCCESS || !sctx) return {};
+  try {
+    if (sctx == context(device)) return {};
+    CUdevice sdev = -1;
+    {
+      ContextScope use(sctx);
+      SMLA_CU(driver().CtxGetDevice(&sdev));
+    }
+    for (int i = 0; i < device_count(); ++i)
+      if (i != device && device_handle(i) == sdev)
+        return "the stream belongs to CUDA device " + std::to_string(i) + ", and the plan is for device " +
+               std::to_string(device) + " (Problem::device): plan for the stream's device, or pass a stream of the " +
+               "plan's";
+    return "the stream belongs to a context of CUDA device " + std::to_string(device) +
+           " other than its primary context, the one smla loads the plan's kernels in (the runtime API and PyTorch "
+           "use it): pass a stream created in the primary context";
+  } catch (const Error&) {
+    return {};  // cannot tell: the caller reports the original error
+  }
+}
+
 // The copy runs in the context of the device that holds `src` (the plan's workspace): the caller's
 // thread may have another device's context current, or none.
 void CudaBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {

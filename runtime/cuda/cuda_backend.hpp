@@ -31,6 +31,7 @@ class CudaBackend : public Backend {
   PointerInfo pointer_info(const void* ptr, int device) const override;
   size_t max_shared_memory(int device) const override;
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
+  std::string foreign_stream(int device, void* stream) const override;
   void* acquire_side_stream(int device) override;
   void release_side_stream(int device, void* stream) override;
   void stream_wait(int device, void* waiter, void* on) override;

@@ -6,13 +6,16 @@
  * about) are device memory of the ordinal in bits 32-35, managed where bit 31 is set. Exports every symbol
  * runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls() and smla_stub_pointer_queries() (the calls of
  * cuPointerGetAttribute and cuPointerGetAttributes together). SMLA_STUB_CC (e.g. "75") sets the device's compute
- * capability (default 90): a GPU smla does not support. */
+ * capability (default 90): a GPU smla does not support. SMLA_STUB_DEVICES (1 to 8, default 1) sets the device count.
+ * Contexts: each device's primary context, and one other context of it (what cuCtxCreate would make), as handles only;
+ * the current context is per thread. Streams: the handles smla_stub_stream(device, primary) gives (none is created),
+ * whose context cuStreamGetCtx reports; any other handle is CUDA_ERROR_INVALID_HANDLE there. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NOT_SUPPORTED = 801 };
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_SUPPORTED = 801 };
 
 static pid_t init_pid;
 static int cuinit_calls, pointer_queries;
@@ -38,16 +41,22 @@ int cuDriverGetVersion(int* v) {
 #define STUB_GUARD \
   if (init_pid == 0 || forked()) return NOT_INITIALIZED
 
+static int stub_devices(void) {
+  const char* e = getenv("SMLA_STUB_DEVICES");
+  const int n = e && *e ? atoi(e) : 1;
+  return n >= 1 && n <= 8 ? n : 1;
+}
+
 int cuDeviceGetCount(int* n) {
   STUB_GUARD;
-  *n = 1;
+  *n = stub_devices();
   return OK;
 }
 
 int cuDeviceGet(int* dev, int ordinal) {
   STUB_GUARD;
-  if (ordinal != 0) return INVALID_VALUE;
-  *dev = 0;
+  if (ordinal < 0 || ordinal >= stub_devices()) return INVALID_VALUE;
+  *dev = ordinal;
   return OK;
 }
 
@@ -79,9 +88,63 @@ int cuDeviceGetName(char* name, int len, int dev) {
   return OK;
 }
 
+/* Context handles: 0xc0000 + 16 device for a device's primary context, + 8 for its other one. */
+#define STUB_CTX_BASE 0xc0000ul
+static void* stub_ctx(int dev, int primary) { return (void*)(STUB_CTX_BASE + 16ul * (unsigned long)dev + (primary ? 0 : 8)); }
+/* The device of a stub context handle, or -1. */
+static int ctx_device(const void* ctx) {
+  const unsigned long v = (unsigned long)ctx;
+  if (v < STUB_CTX_BASE || (v - STUB_CTX_BASE) % 8 != 0) return -1;
+  const int dev = (int)((v - STUB_CTX_BASE) / 16);
+  return dev < stub_devices() ? dev : -1;
+}
+static __thread void* current_ctx; /* per thread, as the driver's */
+
+int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+  STUB_GUARD;
+  if (dev < 0 || dev >= stub_devices()) return INVALID_VALUE;
+  *ctx = stub_ctx(dev, 1);
+  return OK;
+}
+
+int cuDevicePrimaryCtxRelease_v2(int dev) {
+  STUB_GUARD;
+  return dev >= 0 && dev < stub_devices() ? OK : INVALID_VALUE;
+}
+
 int cuCtxGetCurrent(void** ctx) {
   STUB_GUARD;
-  *ctx = NULL;
+  *ctx = current_ctx;
+  return OK;
+}
+
+int cuCtxSetCurrent(void* ctx) {
+  STUB_GUARD;
+  if (ctx && ctx_device(ctx) < 0) return INVALID_CONTEXT;
+  current_ctx = ctx;
+  return OK;
+}
+
+int cuCtxGetDevice(int* dev) {
+  STUB_GUARD;
+  if (!current_ctx) return INVALID_CONTEXT;
+  *dev = ctx_device(current_ctx);
+  return OK;
+}
+
+/* Stream handles: 0xe000000 + 16 device, + 8 for a stream of the device's other context. */
+#define STUB_STREAM_BASE 0xe000000ul
+void* smla_stub_stream(int dev, int primary) {
+  return (void*)(STUB_STREAM_BASE + 16ul * (unsigned long)dev + (primary ? 0 : 8));
+}
+
+int cuStreamGetCtx(void* stream, void** ctx) {
+  STUB_GUARD;
+  const unsigned long v = (unsigned long)stream;
+  if (v < STUB_STREAM_BASE || (v - STUB_STREAM_BASE) % 8 != 0) return INVALID_HANDLE;
+  const int dev = (int)((v - STUB_STREAM_BASE) / 16);
+  if (dev >= stub_devices()) return INVALID_HANDLE;
+  *ctx = stub_ctx(dev, (v - STUB_STREAM_BASE) % 16 == 0);
   return OK;
 }
 
@@ -125,6 +188,8 @@ int cuGetErrorName(int r, const char** s) {
   *s = r == OK ? "CUDA_SUCCESS"
      : r == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
      : r == NOT_INITIALIZED ? "CUDA_ERROR_NOT_INITIALIZED"
+     : r == INVALID_CONTEXT ? "CUDA_ERROR_INVALID_CONTEXT"
+     : r == INVALID_HANDLE ? "CUDA_ERROR_INVALID_HANDLE"
      : r == NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_UNKNOWN";
   return OK;
 }
@@ -140,8 +205,7 @@ int cuGetErrorString(int r, const char** s) {
     STUB_GUARD;                \
     return NOT_SUPPORTED;      \
   }
-STUB_UNSUPPORTED(cuDevicePrimaryCtxRetain) STUB_UNSUPPORTED(cuDevicePrimaryCtxRelease_v2)
-STUB_UNSUPPORTED(cuCtxSetCurrent) STUB_UNSUPPORTED(cuCtxGetDevice) STUB_UNSUPPORTED(cuCtxSynchronize)
+STUB_UNSUPPORTED(cuCtxSynchronize)
 STUB_UNSUPPORTED(cuModuleLoadData) STUB_UNSUPPORTED(cuModuleUnload) STUB_UNSUPPORTED(cuModuleGetFunction)
 STUB_UNSUPPORTED(cuFuncSetAttribute) STUB_UNSUPPORTED(cuFuncGetAttribute) STUB_UNSUPPORTED(cuLaunchKernel)
 STUB_UNSUPPORTED(cuMemAlloc_v2) STUB_UNSUPPORTED(cuMemFree_v2) STUB_UNSUPPORTED(cuMemcpyHtoD_v2)
