@@ -42,9 +42,7 @@ void expect_bar(const std::string& what, const ref::Compare& c) {
                                  << c.finite << " unwritten " << c.unwritten;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using tools::same_bits;
 
 // ---- the split and the views
 
