@@ -83,5 +83,23 @@ TEST(HipDevice, AnotherDevicesMemoryIsToldApart) {
   EXPECT_EQ(be.pointer_info(&host, 1).kind, PointerKind::Host);
 }
 
+// After a failed launch, run() asks the backend whether the caller's stream is another device's (hipStreamGetDevice,
+// which ROCm 5.2 lacks: there the answer is empty and the driver's error stands).
+TEST(HipDevice, AnotherDevicesStreamIsNamed) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr) << "the stub HIP runtime is not the one loaded";
+  auto stream = reinterpret_cast<void* (*)(int)>(dlsym(h, "smla_stub_hip_stream"));
+  ASSERT_NE(stream, nullptr);
+  EXPECT_EQ(be.foreign_stream(1, stream(0)),
+            "the stream belongs to HIP device 0, and the plan is for device 1 (Problem::device): plan for the stream's "
+            "device, or pass a stream of the plan's");
+  EXPECT_EQ(be.foreign_stream(1, stream(1)), "");
+  EXPECT_EQ(be.foreign_stream(1, nullptr), "");
+  EXPECT_EQ(be.foreign_stream(1, reinterpret_cast<void*>(0x1230)), "") << "a handle the runtime does not know";
+}
+
 }  // namespace
 }  // namespace smla::test

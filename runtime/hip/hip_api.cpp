@@ -107,6 +107,7 @@ Loaded load() {
   SMLA_BIND(hip, hipMemcpyHtoD);
   SMLA_BIND(hip, hipMemcpyDtoH);
   bind(hip, "hipGetDevicePropertiesR0600", a.hipGetDevicePropertiesR0600, nullptr);
+  bind(hip, "hipStreamGetDevice", a.hipStreamGetDevice, nullptr);
 
   // hipRTC moved out of libamdhip64 in ROCm 6.0; prefer the separate library when present: the one
   // already loaded, else the one beside the HIP runtime of its major version (another ROCm's would

@@ -212,4 +212,15 @@ void HipBackend::read_back(void* dst, const void* src, size_t bytes, void* strea
   SMLA_HIP_CHECK(api, hipMemcpyDtoH(dst, const_cast<void*>(src), bytes));
 }
 
+// Asked after a failure only. The null stream is the current device's, which launch() makes the plan's.
+std::string HipBackend::foreign_stream(int device, void* stream) const {
+  const Api* api = Api::get();
+  if (!api || !api->hipStreamGetDevice || !stream) return {};
+  hipDevice_t sdev = -1;
+  if (api->hipStreamGetDevice(static_cast<hipStream_t>(stream), &sdev) != 0 /* hipSuccess */ || sdev < 0 || sdev == device)
+    return {};
+  return "the stream belongs to HIP device " + std::to_string(sdev) + ", and the plan is for device " +
+         std::to_string(device) + " (Problem::device): plan for the stream's device, or pass a stream of the plan's";
+}
+
 }  // namespace smla::hip

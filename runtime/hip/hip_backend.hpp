@@ -27,6 +27,8 @@ class HipBackend : public Backend {
   size_t max_shared_memory(int device) const override;
   /// Synchronizes `stream`, then copies device -> host.
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
+  /// With hipStreamGetDevice (ROCm newer than 5.2): a stream of another device is named; without it, nothing.
+  std::string foreign_stream(int device, void* stream) const override;
 
  private:
   struct Probe {

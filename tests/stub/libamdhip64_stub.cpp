@@ -39,6 +39,17 @@ STUB int smla_stub_hip_sync_device() { return g_sync_device; }
 STUB int smla_stub_hip_copy_device() { return g_copy_device; }
 STUB int smla_stub_hip_load_device() { return g_load_device; }
 
+// Streams: the handles smla_stub_hip_stream(device) gives (none is created); hipStreamGetDevice knows no other.
+constexpr uint64_t kStreamBase = 0xe000000;
+STUB void* smla_stub_hip_stream(int device) { return reinterpret_cast<void*>(kStreamBase + 16 * uint64_t(device)); }
+STUB int hipStreamGetDevice(void* stream, int* device) {
+  const uint64_t v = reinterpret_cast<uint64_t>(stream);
+  if (v < kStreamBase || (v - kStreamBase) % 16 != 0 || (v - kStreamBase) / 16 >= uint64_t(kDevices))
+    return kInvalidValue;
+  *device = int((v - kStreamBase) / 16);
+  return kOk;
+}
+
 STUB int hipInit(unsigned) { return kOk; }
 STUB int hipRuntimeGetVersion(int* v) {
   *v = 60300000;  // 6.3.0
