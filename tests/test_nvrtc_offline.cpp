@@ -204,10 +204,34 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   c.dq_block_r = 64;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
+  // The persistent body (dq_impl 4) where the top-k is one chunk of 256 slots or fewer, the producer body (3) from
+  // 272 up or where the caller's r_chunk makes several chunks; a caller's dq_impl is kept either way.
+  for (int64_t H : {64, 128})
+    for (int64_t topk = 16; topk <= 272; topk += 16) {
+      p.H = H, p.topk = topk, p.num_kv = 1024, p.r_chunk = 0;
+      const auto persistent = [&](const TileConfig* cfg) {
+        const KernelSpec d = dq_of(shape_with_config(p, cfg, runtime_env().interm_budget, "sm_90a"));
+        EXPECT_TRUE(has_define(d, "DQW_PRODUCER", 1)) << "H " << H << " top-k " << topk;
+        return has_define(d, "DQW_PERSIST", 1);
+      };
+      EXPECT_EQ(persistent(nullptr), topk <= 256) << "H " << H << " top-k " << topk;
+      if (topk % 32 == 0) {
+        p.r_chunk = topk / 2;  // two chunks: the fp32 carry
+        EXPECT_FALSE(persistent(nullptr)) << "H " << H << " top-k " << topk << " in two chunks";
+        p.r_chunk = 0;
+      }
+      TileConfig three;
+      three.dq_impl = 3;
+      EXPECT_FALSE(persistent(&three)) << "H " << H << " top-k " << topk;
+      TileConfig four;
+      four.dq_impl = 4;
+      EXPECT_TRUE(persistent(&four)) << "H " << H << " top-k " << topk;
+    }
 }
 
 // The wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by the sweep
-// above), dq_impl 2 (two warpgroups; asked for only) and dq_impl 4 (3 made persistent; asked for only). Three or two
+// above), dq_impl 2 (two warpgroups; asked for only) and dq_impl 4 (3 made persistent; the planner's where the top-k
+// is one chunk of 256 slots or fewer). Three or two
 // warpgroups, the producer and persistent defines, the grid (one dimension of blocks of work for dq_impl 4), the same
 // tile and shared memory; all compile for sm_90a with no local memory and no serialized wgmma (setmaxnreg lets the
 // producer bodies' consumers exceed the 168 registers of a 384-thread launch); asking for one where it cannot run is
