@@ -304,21 +304,21 @@ void PlanImpl::launch_step(size_t i, const SmlaParams& base, void* stream) const
 
 // A driver error of run() with a stream the plan's device cannot use: the driver says only "invalid resource handle";
 // name the stream instead (the backend is asked after the failure, never on the way in).
-void PlanImpl::rethrow_if_foreign_stream(const Error& e, void* stream) const {
-  if (e.status() != Status::DriverError) return;
-  const std::string why = backend_->foreign_stream(problem_.device, stream);
-  if (!why.empty())
+template <class Launches>
+void PlanImpl::naming_a_foreign_stream(void* stream, Launches&& launches) const {
+  try {
+    launches();
+  } catch (const Error& e) {
+    if (e.status() != Status::DriverError) throw;
+    const std::string why = backend_->foreign_stream(problem_.device, stream);
+    if (why.empty()) throw;
     throw Error(Status::InvalidArgument, "run(): " + why + " (" + e.message() + ")", e.file(), e.line(), e.call());
+  }
 }
 
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
   const SmlaParams base = base_params(t, workspace, workspace_size);
-  try {
-    run_steps(base, stream);
-  } catch (const Error& e) {
-    rethrow_if_foreign_stream(e, stream);
-    throw;
-  }
+  naming_a_foreign_stream(stream, [&] { run_steps(base, stream); });
 }
 
 void PlanImpl::run_steps(const SmlaParams& base, void* stream) const {
@@ -366,12 +366,7 @@ void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t wo
   SMLA_REQUIRE(i < steps_.size(), Status::InvalidArgument,
                "launch index " + std::to_string(i) + " out of range (" + std::to_string(steps_.size()) + ")");
   const SmlaParams base = base_params(t, workspace, workspace_size);
-  try {
-    launch_step(i, base, stream);
-  } catch (const Error& e) {
-    rethrow_if_foreign_stream(e, stream);
-    throw;
-  }
+  naming_a_foreign_stream(stream, [&] { launch_step(i, base, stream); });
 }
 
 std::string PlanImpl::launch_phase(size_t i) const {

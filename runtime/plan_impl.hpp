@@ -29,8 +29,10 @@ class PlanImpl : public Plan {
   void launch_step(size_t i, const SmlaParams& base, void* stream) const;
   /// Every step in order, csr on a side stream where the backend has one.
   void run_steps(const SmlaParams& base, void* stream) const;
-  /// Throws InvalidArgument naming the stream when `e` is a driver error and the backend finds `stream` foreign.
-  void rethrow_if_foreign_stream(const Error& e, void* stream) const;
+  /// Runs `launches`; a driver error it throws becomes InvalidArgument naming the stream where the backend finds
+  /// `stream` foreign (any other error passes unchanged).
+  template <class Launches>
+  void naming_a_foreign_stream(void* stream, Launches&& launches) const;
 
   Problem problem_;
   std::shared_ptr<const void> owner_;  // the Runtime's state that backend_ points into: a plan may outlive its Runtime

@@ -35,7 +35,8 @@ namespace smla::cuda {
   X(StreamCreate, cuStreamCreate) X(StreamDestroy, cuStreamDestroy)                        \
   X(StreamSynchronize, cuStreamSynchronize) X(EventCreate, cuEventCreate)                  \
   X(StreamCreateWithPriority, cuStreamCreateWithPriority) X(StreamWaitEvent, cuStreamWaitEvent) \
-  X(StreamIsCapturing, cuStreamIsCapturing) X(StreamGetCtx, cuStreamGetCtx) X(CtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange) \
+  X(StreamIsCapturing, cuStreamIsCapturing) X(StreamGetCtx, cuStreamGetCtx)                \
+  X(CtxGetStreamPriorityRange, cuCtxGetStreamPriorityRange)                                \
   X(EventDestroy, cuEventDestroy) X(EventRecord, cuEventRecord)                            \
   X(EventSynchronize, cuEventSynchronize) X(EventElapsedTime, cuEventElapsedTime)          \
   X(StreamBeginCapture, cuStreamBeginCapture) X(StreamEndCapture, cuStreamEndCapture)      \
