@@ -184,6 +184,9 @@ TEST(E2E, TokenChunksKeepDqBitsOnTheCpu) {
 TEST(E2E, TokenChunksKeepDqBitsOnCuda) {
   if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
   expect_token_chunks_keep_dq_bits(BackendKind::Cuda, {1000, 128, 3000, 512, 0, true, ref::TopkKind::Benchmark}, 300);
+  // One top-k chunk of 160 slots: the planner's persistent dq body (dq_impl 4) on sm_90a, its grid of CTAs over each
+  // token chunk's blocks (the last chunk 100 tokens).
+  expect_token_chunks_keep_dq_bits(BackendKind::Cuda, {1000, 128, 3000, 160, 0, true, ref::TopkKind::Benchmark}, 300);
 }
 
 }  // namespace
