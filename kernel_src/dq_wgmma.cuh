@@ -26,8 +26,8 @@
 // warpgroup making P and the other dS; having only warpgroup 0 issue the copies was slower.
 // The host sizes shared memory with smla_dq_wgmma_smem_bytes() (common.cuh).
 //
-// With DQW_PRODUCER 1 (dq_impl 3, the planner's choice on sm_90a; NUM_WARPS 12) a third warpgroup issues the kv
-// copies:
+// With DQW_PRODUCER 1 (dq_impl 3, the planner's choice on sm_90a past one chunk of 256 slots; NUM_WARPS 12) a third
+// warpgroup issues the kv copies:
 //   warpgroups 0-1 (consumers, setmaxnreg 224): everything above but the copies; they wait for a tile on the
 //            mbarrier full[buf] and hand its buffer back through empty[buf] once their dQ wgmma is done, and
 //            synchronize among themselves on named barrier 1 (256 threads) instead of the block barrier
@@ -56,7 +56,8 @@
 // Measured on the H200 (perf notes v12), before the run count, the staged epilogue and the prefetch: correct, but not
 // faster than dq_impl 3: dq 2.47 against 2.41 ms at the seed, 1.22 against 1.20 at TOPK 160 (end to end even there).
 // The overlapped copies bought nothing then (with qfree moved after the epilogue, no overlap at all, it ran the same);
-// prefetching the O rows into L2 was slower (+0.035 ms). Asked for only.
+// prefetching the O rows into L2 was slower (+0.035 ms). With them (v25, v28): dq 1.214 -> 1.083 ms at TOPK 160,
+// even from 320 slots up; the planner's choice where the top-k is one chunk of 256 slots or fewer.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
@@ -69,8 +70,8 @@
 // dq_impl 3 runs the tiles up to its token's last valid slot of the chunk only (smla_valid_slots_*, common.cuh). Its
 // consumers load the chunk's indices first thing and reduce them before their post-delta barrier; the producer loads
 // them before its tile 0 and reduces them after issuing it (a barrier of its own four warps). Neither waits on the
-// read before its first copies. dq_impl 2 and 4 run every tile of the chunk (4's tile count feeds its mbarrier
-// phases across blocks).
+// read before its first copies. dq_impl 4 runs the same tiles, counted by its producer alone (dqw_producer_persist,
+// handed over in s_nt); dq_impl 2 runs every tile of the chunk.
 #define DQW_SKIP (DQW_PRODUCER && !DQW_PERSIST)
 #if DQW_PERSIST && !DQW_PRODUCER
 #error "the persistent dq body is the producer body's (DQW_PRODUCER 1)"
