@@ -45,8 +45,8 @@
 //            dq_impl 3), waits on qfree until the consumers are done with the last block's Q and dO (they arrive
 //            after their last tile's S/dP wgmma: nothing reads Q or dO after it), copies this block's Q and dO,
 //            then the run's kv tiles as above; Q and dO are announced on qfull with tile 0, the run in s_nt. Its
-//            tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2). DQW_PF_LEAD tiles before a
-//            block's last it prefetches the CTA's next block's Q, dO, O rows and top-k chunk into L2.
+//            tile count g runs on over the blocks (buffer g % 2, mbarrier phase g / 2). Before a block's last tile's
+//            copies (DQW_PF_LEAD) it prefetches the CTA's next block's Q, dO, O rows and top-k chunk into L2.
 //   consumers: per block, named barrier 1 (sP, which holds delta, is free), wait qfull, the fused delta with O in
 //            two rounds of four heads (32 registers), the tiles, the epilogue: at the last chunk the bf16 dQ staged
 //            through the last tile's kv buffer in two passes of 32 heads, that buffer handed back after it (Q and
@@ -306,7 +306,10 @@ __device__ __forceinline__ void dqw_producer(const SmlaParams& p, const int* top
 
 #if DQW_PERSIST
 #ifndef DQW_PF_LEAD
-#define DQW_PF_LEAD 3  // tiles before a block's last at which the producer prefetches its CTA's next block
+// Tiles from a block's end at which the producer prefetches its CTA's next block (1: before its last tile's copies).
+// Perf notes v28, dq_impl 4 end to end: 1 against 3 -1.4% at TOPK 160 (two calls) and -1.9% at 256; no prefetch +2.5%
+// at 160; 2, and a prefetch after the last tile's copies, slower than 1 at TOPK 160.
+#define DQW_PF_LEAD 1
 #endif
 __device__ __forceinline__ void dqw_l2_prefetch_line(const void* a) { asm volatile("prefetch.global.L2 [%0];" ::"l"(a)); }
 // Block `blk`'s Q, dO and O rows and its top-k chunk into L2 (prefetch.global.L2, one 128-byte line an instruction, no
@@ -331,8 +334,9 @@ __device__ __forceinline__ void dqw_prefetch_block(const SmlaParams& p, int blk)
 // done reading the previous block's Q and dO (they arrive after their last S/dP wgmma), copies this block's Q and dO
 // rows (one commit group), then its kv tiles as dqw_producer does; the run's tile count goes to s_nt[it % 2] and Q and
 // dO are announced on qfull once their group has landed (with tile 0, or alone when the run is empty). DQW_PF_LEAD
-// tiles before a block's last it prefetches the CTA's next block's start-up rows into L2. g counts tiles over the
-// blocks: buffer g % 2, phases g / 2. s_last: [2][producer warps], the run's reduction, a buffer a block in turn.
+// tiles from a block's end (1: its last tile) it prefetches the CTA's next block's start-up rows into L2. g counts
+// tiles over the blocks: buffer g % 2, phases g / 2. s_last: [2][producer warps], the run's reduction, a buffer a
+// block in turn.
 __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* sQ, char* sDO, unsigned akv0,
                                                      int* sFlag, unsigned full0, unsigned empty0, unsigned qfull,
                                                      unsigned qfree, int (*s_last)[DQW_PROD_THREADS / 32], int* s_nt) {
