@@ -231,11 +231,10 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
 
 // The wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by the sweep
 // above), dq_impl 2 (two warpgroups; asked for only) and dq_impl 4 (3 made persistent; the planner's where the top-k
-// is one chunk of 256 slots or fewer). Three or two
-// warpgroups, the producer and persistent defines, the grid (one dimension of blocks of work for dq_impl 4), the same
-// tile and shared memory; all compile for sm_90a with no local memory and no serialized wgmma (setmaxnreg lets the
-// producer bodies' consumers exceed the 168 registers of a 384-thread launch); asking for one where it cannot run is
-// a clear error.
+// is one chunk of 256 slots or fewer). Three or two warpgroups, the producer and persistent defines, the grid (one
+// dimension of blocks of work for dq_impl 4), the same tile and shared memory; all compile for sm_90a with no local
+// memory and no serialized wgmma (setmaxnreg lets the producer bodies' consumers exceed the 168 registers of a
+// 384-thread launch); asking for one where it cannot run is a clear error.
 TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;

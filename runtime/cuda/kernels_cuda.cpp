@@ -74,8 +74,9 @@ Tiles tiles_of(const ShapeInfo& s) {
   // the seed, TOPK 160, H 64 and a two-chunk shape (docs/perf-notes.md v9).
   const bool wgmma_fits = s.H % kWgmmaBlockH == 0 && (s.dq_block_h == 0 || s.dq_block_h == kWgmmaBlockH) &&
                           (s.dq_block_r == 0 || s.dq_block_r == kWgmmaBlockR);
-  // Its persistent form (dq_impl 4) where the top-k is one chunk of 8 tiles or fewer: -5.8% end to end at
-  // 4096,128,4128,160 (v25). Not with several chunks: an earlier chunk's fp32 carry leaves dq_impl 4's epilogue as
+  // Its persistent form (dq_impl 4) where the top-k is one chunk of 8 tiles or fewer: -7% end to end at
+  // 4096,128,4128,160 and -6% at 4096,128,5120,256 on the H200; from 10 tiles up even there and 1-3% slower on an
+  // H100 (perf notes v28). Not with several chunks: an earlier chunk's fp32 carry leaves dq_impl 4's epilogue as
   // fragment stores (its Q and dO buffers may already hold the next block's rows), which v16 found store-bound.
   const bool persist_dq = s.n_chunks == 1 && s.r_chunk <= 8 * kWgmmaBlockR;
   t.dq_impl = s.dq_impl ? s.dq_impl : (s.sm90a && wgmma_fits ? (persist_dq ? 4 : 3) : 1);
