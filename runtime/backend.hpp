@@ -107,4 +107,11 @@ class Backend {
   virtual void read_back(void* dst, const void* src, size_t bytes, void* stream) const = 0;
 };
 
+/// foreign_stream's answer for a stream of another device (`api`: "CUDA" or "HIP").
+inline std::string another_devices_stream(const char* api, int stream_device, int plan_device) {
+  return std::string("the stream belongs to ") + api + " device " + std::to_string(stream_device) +
+         ", and the plan is for device " + std::to_string(plan_device) +
+         " (Problem::device): plan for the stream's device, or pass a stream of the plan's";
+}
+
 }  // namespace smla

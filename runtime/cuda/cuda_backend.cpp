@@ -298,10 +298,7 @@ std::string CudaBackend::foreign_stream(int device, void* stream) const {
              " other than its primary context, the one smla loads the plan's kernels in (the runtime API and "
              "PyTorch use it): pass a stream created in the primary context";
     for (int i = 0; i < device_count(); ++i)
-      if (device_handle(i) == sdev)
-        return "the stream belongs to CUDA device " + std::to_string(i) + ", and the plan is for device " +
-               std::to_string(device) + " (Problem::device): plan for the stream's device, or pass a stream of the " +
-               "plan's";
+      if (device_handle(i) == sdev) return another_devices_stream("CUDA", i, device);
     return {};  // a device the driver did not list: cannot tell
   } catch (const Error&) {
     return {};  // cannot tell: the caller reports the original error

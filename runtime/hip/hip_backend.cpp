@@ -217,10 +217,9 @@ std::string HipBackend::foreign_stream(int device, void* stream) const {
   const Api* api = Api::get();
   if (!api || !api->hipStreamGetDevice || !stream) return {};
   hipDevice_t sdev = -1;
-  if (api->hipStreamGetDevice(static_cast<hipStream_t>(stream), &sdev) != 0 /* hipSuccess */ || sdev < 0 || sdev == device)
-    return {};
-  return "the stream belongs to HIP device " + std::to_string(sdev) + ", and the plan is for device " +
-         std::to_string(device) + " (Problem::device): plan for the stream's device, or pass a stream of the plan's";
+  const bool known = api->hipStreamGetDevice(static_cast<hipStream_t>(stream), &sdev) == 0;  // hipSuccess
+  if (!known || sdev < 0 || sdev == device) return {};
+  return another_devices_stream("HIP", sdev, device);
 }
 
 }  // namespace smla::hip
