@@ -73,6 +73,16 @@
 // read before its first copies. dq_impl 4 runs the same tiles, counted by its producer alone (dqw_producer_persist,
 // handed over in s_nt); dq_impl 2 runs every tile of the chunk.
 #define DQW_SKIP (DQW_PRODUCER && !DQW_PERSIST)
+#ifndef DQW_INTERM
+#define DQW_INTERM 0  // 1 (dkv_impl 4): each tile's interm rows written here, not P and dS (see dqw_interm_tile)
+#endif
+#ifndef DQW_INTERM_ACCS
+#define DQW_INTERM_ACCS 2  // the fused interm's accumulators in flight: 1 or 2 (a column block's MMA beside a store)
+#endif
+#if DQW_INTERM && (!DQW_PRODUCER || DQW_PERSIST || HEADS != 64)
+// (dq_impl 4's consumers, at setmaxnreg 208, spilled 24 bytes with it: compiled here, not planned.)
+#error "the fused interm needs the producer body (dq_impl 3) and H 64 (a block holds every head of its token)"
+#endif
 #if DQW_PERSIST && !DQW_PRODUCER
 #error "the persistent dq body is the producer body's (DQW_PRODUCER 1)"
 #endif
@@ -103,10 +113,10 @@
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
 static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 +
-                      1024 ==
-                  smla_dq_wgmma_smem_bytes(BLOCK_R),
+                      (DQW_INTERM ? smla_dq_interm_stage_bytes(BLOCK_R) : 0) + 1024 ==
+                  smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
-SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
+SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM));
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"
@@ -376,6 +386,114 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* 
 #endif  // DQW_PERSIST
 #endif  // DQW_PRODUCER
 
+#if DQW_INTERM
+// The fused interm (dkv_impl 4, H 64: a block holds every head of its token, so a slot's interm row is whole here):
+// after a tile's P and dS are in shared memory, interm^T (512 columns x BLOCK_R slots) = Q^T dS^T + dO^T P^T, the
+// product dkv_interm computes from the workspace's P and dS, in the same K order (dS's 64 heads, then P's). Warpgroup wg
+// takes columns 256 wg .. + 255 as four m64n32 blocks c = 4 wg + b: A = Q^T (and dO^T) MN-major from sQ (sDO), column
+// chunk c; B = dS (P) K-major, [slot][head] as the dQ product reads it. Each block's 64 x 32 fp32 fragments go to bf16,
+// through the warp's 1 KB of staging (stmatrix .trans: a slot's 16 columns as one 32-byte row, its two 16-byte halves
+// swapped on rows 4-7 of each 8 so that a phase's 8 addresses fall on distinct banks) to interm rows
+// (t * r_chunk + slot) * 512, two 16-byte stores a lane (lane = slot). No accumulator outlives a tile: the S/dP
+// registers are free again by then, so the dQ accumulator keeps its 128 a thread.
+__device__ __forceinline__ void dqw_interm_issue(float (&ia)[16], unsigned aq, unsigned ado, unsigned ads, unsigned ap,
+                                                 int c) {
+  smla_fence_regs(ia);
+  smla_wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    smla_wgmma_m64n32k16<1, 0>(ia, smla_wgmma_desc(aq + c * (64 * 128) + ks * 2048, 64 * 128, 1024),
+                               smla_wgmma_desc(ads + ks * 32, 16, 1024), ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    smla_wgmma_m64n32k16<1, 0>(ia, smla_wgmma_desc(ado + c * (64 * 128) + ks * 2048, 64 * 128, 1024),
+                               smla_wgmma_desc(ap + ks * 32, 16, 1024), 1);
+  smla_wgmma_commit();
+}
+
+// 16 bytes from shared memory by address (the staging below is addressed only so: no generic pointer held in registers).
+__device__ __forceinline__ uint4 dqw_ld_shared16(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+// Block c's fragments (waited for) -> bf16 -> this warp's staging (shared address `stw`) -> interm: lane = slot, its
+// columns 64 c + 16 warp + 8 h (h = 0, 1); `row0` is interm's row of the tile's slot 0, and slots at or past `n_slots`
+// (the chunk's end) are not stored.
+__device__ __forceinline__ void dqw_interm_store(float (&ia)[16], unsigned stw, smla_bf16* row0, int n_slots, int c,
+                                                 int warp, int lane) {
+  smla_fence_regs(ia);
+  const unsigned swz = ((lane >> 2) & 1) << 4;  // the half swap of rows 4-7 (this lane's slot row, for both below)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const unsigned w[4] = {smla_pack_bf2_rn(ia[2 * h], ia[2 * h + 1]), smla_pack_bf2_rn(ia[4 + 2 * h], ia[5 + 2 * h]),
+                           smla_pack_bf2_rn(ia[8 + 2 * h], ia[9 + 2 * h]),
+                           smla_pack_bf2_rn(ia[12 + 2 * h], ia[13 + 2 * h])};
+    dqw_stmatrix_x4<true>(stw + lane * 32 + ((h << 4) ^ swz), w);  // block i = lane / 8 (slots 8 i ..), row lane % 8
+  }
+  __syncwarp();
+  const uint4 v0 = dqw_ld_shared16(stw + lane * 32 + swz);
+  const uint4 v1 = dqw_ld_shared16(stw + lane * 32 + (16 ^ swz));
+  __syncwarp();  // every lane has read its row before the next block's stmatrix
+  if (lane < n_slots) {
+    smla_bf16* dst = row0 + (long long)lane * SMLA_D + 64 * c + 16 * warp;
+    *reinterpret_cast<uint4*>(dst) = v0;
+    *reinterpret_cast<uint4*>(dst + 8) = v1;
+  }
+}
+
+// One tile's interm rows (this warpgroup's four column blocks), issued after the tile's dQ group: with
+// DQW_INTERM_ACCS 2 a block's MMA runs while the one before is stored. dq_done() runs once the dQ group is complete
+// (groups complete in order: at the first wait that leaves only interm groups in flight), so that the kv buffer goes
+// back to the producer before the interm stores.
+template <class F>
+__device__ __forceinline__ void dqw_interm_tile(const SmlaParams& p, unsigned aq, unsigned ado, unsigned ads,
+                                                unsigned ap, unsigned stw, int t, int tile, int wg,
+                                                int warp, int lane, F&& dq_done) {
+  smla_bf16* row0 = p.interm + ((long long)t * p.r_chunk + tile * BLOCK_R) * SMLA_D;
+  const int n_slots = p.r_chunk - tile * BLOCK_R;
+#if DQW_INTERM_ACCS == 1
+  float ia[16];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    dqw_interm_issue(ia, aq, ado, ads, ap, 4 * wg + b);
+    if (b == 0) {
+      smla_wgmma_wait<1>();
+      dq_done();
+    }
+    smla_wgmma_wait<0>();
+    dqw_interm_store(ia, stw, row0, n_slots, 4 * wg + b, warp, lane);
+  }
+#elif DQW_INTERM_ACCS == 4
+  float ia[4][16];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) dqw_interm_issue(ia[b], aq, ado, ads, ap, 4 * wg + b);
+  smla_wgmma_wait<4>();
+  dq_done();
+  smla_wgmma_wait<0>();
+#pragma unroll
+  for (int b = 0; b < 4; ++b) dqw_interm_store(ia[b], stw, row0, n_slots, 4 * wg + b, warp, lane);
+#else
+  float ia0[16], ia1[16];
+  dqw_interm_issue(ia0, aq, ado, ads, ap, 4 * wg);
+  smla_wgmma_wait<1>();
+  dq_done();
+  dqw_interm_issue(ia1, aq, ado, ads, ap, 4 * wg + 1);
+  smla_wgmma_wait<1>();
+  dqw_interm_store(ia0, stw, row0, n_slots, 4 * wg, warp, lane);
+  dqw_interm_issue(ia0, aq, ado, ads, ap, 4 * wg + 2);
+  smla_wgmma_wait<1>();
+  dqw_interm_store(ia1, stw, row0, n_slots, 4 * wg + 1, warp, lane);
+  dqw_interm_issue(ia1, aq, ado, ads, ap, 4 * wg + 3);
+  smla_wgmma_wait<1>();
+  dqw_interm_store(ia0, stw, row0, n_slots, 4 * wg + 2, warp, lane);
+  smla_wgmma_wait<0>();
+  dqw_interm_store(ia1, stw, row0, n_slots, 4 * wg + 3, warp, lane);
+#endif
+}
+#endif  // DQW_INTERM
+
 extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
@@ -389,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   char* sDS = sP + DQW_T_BYTES;
   int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
   int* sIdx = sFlag + 2 * BLOCK_R;
+  // (DQW_INTERM: the fused interm's staging follows sIdx, BLOCK_R x 32 B a computing warp; addressed from sDS below)
 
 #if !DQW_PERSIST
   const int t = blockIdx.x;
@@ -594,14 +713,21 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     const unsigned daq_lo = (unsigned)daq;
     const unsigned long long daq_hi = daq & ~0xFFFFFFFFull;  // SBO and swizzle: constants
 
+#if !DQW_INTERM
     // This thread's piece of the per-tile P/dS store (below): row pds_rl of the tile, 16-byte piece pds_c (8 heads).
     const int pds_rl = threadIdx.x / 8, pds_c = threadIdx.x % 8;
     const unsigned pds_so = smla_swz128(pds_rl, pds_c * 8);
     const long long pds_o = ((long long)t * r_chunk + pds_rl) * HEADS + h0 + pds_c * 8;
+#endif
 
     // The persistent body's last chunk stages its bf16 dQ through the last tile's kv buffer (the epilogue below): the
     // consumers hand that buffer back to the producer after the staging, not after the tile's dQ.
-    const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
+    [[maybe_unused]] const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
+#if DQW_INTERM
+    // This warp's interm staging (from ads: sIT is the last buffer of the carve, after sDS, sFlag and sIdx).
+    static_assert(DQW_T_BYTES + 4 * BLOCK_R * 4 == 4608, "sIT's offset from sDS");
+    const unsigned it_stw = ads + DQW_T_BYTES + 4 * BLOCK_R * 4 + (threadIdx.x / 32) * (BLOCK_R * 32);
+#endif
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
       const int buf = (g0 + tile) & 1;
@@ -725,14 +851,23 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // straight-line code (a loop from threadIdx.x was compiled as a general loop, unrolled by four with a
       // remainder, for its one trip).
       static_assert(BLOCK_R * 8 == DQW_THREADS, "dq's P/dS store: one 16-byte piece a consumer thread");
+#if DQW_INTERM
+      // (or, fused: this tile's interm rows, from Q, dO and the P and dS in shared memory; dkv_interm is not planned)
+      dqw_interm_tile(p, smla_smem_addr(sQ), smla_smem_addr(sDO), ads, smla_smem_addr(sP), it_stw, t, tile,
+                      wg, warp, lane, [&] {
+                        smla_fence_regs(acc);
+                        smla_mbar_arrive(empty0 + 8 * buf);
+                      });
+#else
       if (tile * BLOCK_R + pds_rl < r_chunk) {
         const long long o = pds_o + (long long)tile * (BLOCK_R * HEADS);
         *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + pds_so);
         *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + pds_so);
       }
+#endif
       smla_wgmma_wait<0>();
       smla_fence_regs(acc);
-#if DQW_PRODUCER
+#if DQW_PRODUCER && !DQW_INTERM
       if (!(defer_last && tile == n_tiles - 1)) smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with it
 #endif
     }
@@ -744,10 +879,21 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
                     [&](int h, int d, float& v0, float& v1) { smla_dq_add_carry<HEADS>(p, t, h, d, v0, v1); });
 #if !DQW_PERSIST
+#if DQW_INTERM
+    // Each warpgroup's interm product reads both sQ and sDO (its columns of each), which the staging below overwrites
+    // (warpgroup 0's dQ in sQ, 1's in sDO): both are done with them first.
+    dqw_sync();
+#endif
     // The staging buffer of this warpgroup's half of dQ: its own S/dP operand buffer (sQ for warpgroup 0, sDO for 1:
     // neither is read again in this block once the last S/dP wgmma was waited for, and the other warpgroup never reads
     // it), written and read back between the warpgroup's own barrier (named barrier 3 or 4, 128 threads).
+#if DQW_INTERM
+    // (from aq, the shared address of the same buffer: with the fused interm's registers in the loop, ptxas otherwise
+    // kept the block's generic shared-memory base in local memory across it, 4 bytes)
+    char* stage = static_cast<char*>(__cvta_shared_to_generic(aq));
+#else
     char* stage = wg == 0 ? sQ : sDO;
+#endif
     auto stage_sync = [wg] {
       if (wg == 0)
         smla_named_sync<3, 128>();

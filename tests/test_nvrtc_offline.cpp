@@ -310,6 +310,54 @@ TEST(NvrtcOffline, BothWgmmaDkvBodiesArePlannableAndCompile) {
   EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
 }
 
+// dkv_impl 4 (fused into dq, H 64): the dq body gets DQW_INTERM and the interm staging's shared memory, runs as
+// dq_impl 3 (the planner's dq_impl 4 at a short top-k gives way; dq_impl 4 asked for is refused), no dkv_interm kernel
+// is planned, and the body compiles for sm_90a with no local memory and no serialized wgmma; where it cannot run
+// (H 128, another target, dq_impl 2) it is a clear error.
+TEST(NvrtcOffline, FusedDkvIsPlannedIntoDqAndCompiles) {
+  Problem p;
+  p.T = 4096, p.H = 64, p.num_kv = 5120, p.topk = 640, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  TileConfig c;
+  c.dkv_impl = 4;
+  std::vector<KernelSpec> specs;
+  for (int64_t topk : {640, 160}) {  // dq_impl 3 by the planner; dq_impl 4 by the planner without the fusion
+    p.topk = topk;
+    const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
+    std::string why;
+    ASSERT_TRUE(cuda_shape_supported(s, &why)) << why;
+    const KernelSpec k = launch_of(Phase::Dq, s);
+    EXPECT_TRUE(has_define(k, "DQW_INTERM", 1)) << "top-k " << topk;
+    EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1)) << "top-k " << topk;
+    EXPECT_FALSE(has_define(k, "DQW_PERSIST", 1)) << "top-k " << topk;
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32, true));
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32) + smla_dq_interm_stage_bytes(32));
+    EXPECT_LE(k.smem_bytes, 227u * 1024u);
+    EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, s).empty()) << "dq writes interm";
+    EXPECT_FALSE(cuda_phase_kernels(Phase::Gather, s).empty());
+    const KernelSpec unfused = launch_of(Phase::Dq, shape_with_config(p, nullptr, budget, "sm_90a"));
+    EXPECT_FALSE(has_define(unfused, "DQW_INTERM", 1));
+    EXPECT_EQ(has_define(unfused, "DQW_PERSIST", 1), topk <= 256);
+    if (specs.empty()) specs.push_back(k);
+    EXPECT_EQ(k.defines, specs[0].defines) << "no top-k is compiled in";
+  }
+  EXPECT_EQ(compile_all("sm_90a", specs), 1);  // its ptxas report checked
+  std::string why;
+  const auto refused = [&](const TileConfig& cfg, const char* target, const std::string& want) {
+    EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &cfg, budget, target), &why)) << want;
+    EXPECT_NE(why.find(want), std::string::npos) << why;
+  };
+  p.H = 128;
+  refused(c, "sm_90a", "dkv_impl = 4 (fused into dq) needs H == 64");
+  p.H = 64;
+  refused(c, "sm_80", "dkv_impl = 4 (fused into dq) needs an sm_90a target");
+  for (int dq : {2, 4}) {
+    TileConfig d = c;
+    d.dq_impl = dq;
+    refused(d, "sm_90a", "dkv_impl = 4 (fused into dq) needs dq_impl 3 (dq_impl = " + std::to_string(dq) + ")");
+  }
+}
+
 TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
@@ -408,11 +456,12 @@ TEST(NvrtcOffline, DkvWgmmaWhereItCannotRunIsAClearError) {
   expect_unsupported(h16, c3, "sm_90a", "dkv_impl = 3 (wgmma) needs H a multiple of 32");
   c3.dkv_block_d = 128;
   expect_unsupported(p, c3, "sm_90a", "dkv_impl = 3 (wgmma) has one tile, 64 x 256");
-  for (int bad : {4, -1}) {
+  for (int bad : {5, -1}) {
     TileConfig t;
     t.dkv_impl = bad;
     expect_unsupported(p, t, "sm_90a",
-                       "dkv_impl = " + std::to_string(bad) + " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3");
+                       "dkv_impl = " + std::to_string(bad) +
+                           " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4");
   }
   // The mma.sync tile rules still apply to the mma.sync body.
   TileConfig m;

@@ -68,18 +68,23 @@ long long define_of(const smla::KernelSpec& k, const char* name) {
 smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, size_t budget, const std::string& target) {
   const smla::ShapeInfo s = smla::shape_with_config(p, &cfg, budget, target);
   const smla::KernelSpec dq = smla::cuda_phase_kernels(smla::Phase::Dq, s).at(0);
-  const smla::KernelSpec dkv = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s).at(0);
+  const std::vector<smla::KernelSpec> dkvs = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s);
   smla::TileConfig r;
   r.dq_block_h = int(define_of(dq, "BLOCK_H"));
   r.dq_block_r = int(define_of(dq, "BLOCK_R"));
-  r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
-  r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
+  if (dkvs.empty()) {  // dkv_impl 4: dq writes interm (DQW_INTERM), no dkv_interm kernel and no dkv tile
+    r.dkv_impl = 4;
+  } else {
+    const smla::KernelSpec& dkv = dkvs.front();
+    r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
+    r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
+    r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
+  }
   r.r_chunk = s.r_chunk;
   r.dq_impl = define_of(dq, "DQW_PERSIST")    ? 4
               : define_of(dq, "DQW_PRODUCER") ? 3
               : define_of(dq, "DQ_WGMMA")     ? 2
                                               : 1;
-  r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
   return r;
 }
 

@@ -185,10 +185,12 @@ struct TileConfig {
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256), 3 = warpgroup MMA with a producer warpgroup issuing the copies
-  /// and one 64 x 256 tile per consumer warpgroup (same constraints as 2).
+  /// and one 64 x 256 tile per consumer warpgroup (same constraints as 2), 4 = fused into dq: the dq body (dq_impl 3
+  /// or 4) writes each slot's interm row from the P and dS it holds in shared memory, and no dkv_interm kernel runs
+  /// (sm_90a, H == 64, where one dq block holds every head of its token; P and dS never reach memory).
   int dkv_impl = 0;
   /// The largest dq_impl and dkv_impl (the bodies above): what the planner, the tuning database and the tools accept.
-  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 3;
+  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 4;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
            dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl && dkv_impl == o.dkv_impl;
