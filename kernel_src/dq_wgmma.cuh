@@ -74,10 +74,7 @@
 // handed over in s_nt); dq_impl 2 runs every tile of the chunk.
 #define DQW_SKIP (DQW_PRODUCER && !DQW_PERSIST)
 #ifndef DQW_INTERM
-#define DQW_INTERM 0  // 1 (dkv_impl 4): each tile's interm rows written here, not P and dS (see dqw_interm_tile)
-#endif
-#ifndef DQW_INTERM_ACCS
-#define DQW_INTERM_ACCS 2  // the fused interm's accumulators in flight: 1 or 2 (a column block's MMA beside a store)
+#define DQW_INTERM 0  // 1 (dkv_impl 4): interm rows written here, not P and dS (see dqw_interm_pair)
 #endif
 #if DQW_INTERM && (!DQW_PRODUCER || DQW_PERSIST || HEADS != 64)
 // (dq_impl 4's consumers, at setmaxnreg 208, spilled 24 bytes with it: compiled here, not planned.)
@@ -106,14 +103,14 @@
 #define DQW_KVCHUNK (BLOCK_R * 128)            // one 64-column chunk of a kv buffer
 #define DQW_KVBYTES (8 * DQW_KVCHUNK)          // one kv buffer
 #define DQW_PF_BYTES (64 * BLOCK_R * 4)
-#define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
+#define DQW_T_BYTES (BLOCK_R * 128)            // one tile of sP or sDS
+#define DQW_T_ALL (DQW_INTERM ? 2 * DQW_T_BYTES : DQW_T_BYTES)  // sP or sDS: two tiles for the fused interm
 #define DQW_LOG2E 1.4426950408889634f
 #define DQW_DELTA_HEADS (64 / (DQW_THREADS / 32))  // heads of the fused delta per warp
 // Head (0..63 in the block) of a warp's j-th fused-delta row.
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
-static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 +
-                      (DQW_INTERM ? smla_dq_interm_stage_bytes(BLOCK_R) : 0) + 1024 ==
+static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_ALL + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 + 1024 ==
                   smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
 SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM));
@@ -216,7 +213,7 @@ __device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* top
 // issued: a shared load issued after them queues behind their operand reads, and the copies waited on it
 // (measured, perf notes v8: dq 2.70 -> 2.67 ms at the seed).
 __device__ __forceinline__ void dqw_read_idx(const int* sidx, int (&k)[8]) {
-  static_assert((2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4) % 16 == 0 &&
+  static_assert((2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_ALL + 2 * BLOCK_R * 4) % 16 == 0 &&
                     BLOCK_R * 4 % 16 == 0,
                 "dqw_read_idx: sIdx's buffers must be 16-byte aligned");
   const int4* s = reinterpret_cast<const int4*>(sidx + (threadIdx.x / 64) * 8);
@@ -387,110 +384,86 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* 
 #endif  // DQW_PRODUCER
 
 #if DQW_INTERM
-// The fused interm (dkv_impl 4, H 64: a block holds every head of its token, so a slot's interm row is whole here):
-// after a tile's P and dS are in shared memory, interm^T (512 columns x BLOCK_R slots) = Q^T dS^T + dO^T P^T, the
-// product dkv_interm computes from the workspace's P and dS, in the same K order (dS's 64 heads, then P's). Warpgroup wg
-// takes columns 256 wg .. + 255 as four m64n32 blocks c = 4 wg + b: A = Q^T (and dO^T) MN-major from sQ (sDO), column
-// chunk c; B = dS (P) K-major, [slot][head] as the dQ product reads it. Each block's 64 x 32 fp32 fragments go to bf16,
-// through the warp's 1 KB of staging (stmatrix .trans: a slot's 16 columns as one 32-byte row, its two 16-byte halves
-// swapped on rows 4-7 of each 8 so that a phase's 8 addresses fall on distinct banks) to interm rows
-// (t * r_chunk + slot) * 512, two 16-byte stores a lane (lane = slot). No accumulator outlives a tile: the S/dP
-// registers are free again by then, so the dQ accumulator keeps its 128 a thread.
-__device__ __forceinline__ void dqw_interm_issue(float (&ia)[16], unsigned aq, unsigned ado, unsigned ads, unsigned ap,
-                                                 int c) {
+// The fused interm (dkv_impl 4, H 64: a block holds every head of its token, so a slot's interm row is whole here).
+// P and dS live in two halves of sP / sDS, a tile's 32 slots each (tile % 2); after every second tile's dQ (and after
+// the last tile), the pair's 64 slots get interm = dS^T Q + P^T dO, the product dkv_interm computes from the
+// workspace's P and dS, in the same K order (dS's 64 heads, then P's): M = the 64 slots (A = dS^T, P^T: K-major,
+// [slot][head] as the dQ product reads them), N = columns (B = Q, dO: MN-major from sQ / sDO, as dQ reads kv).
+// Warpgroup wg takes columns 256 wg .. + 255 in two passes of m64n128 (64 fp32 a thread: the S/dP registers are free
+// by then and the dQ accumulator keeps its 128), each stored as bf16 to interm rows (t * r_chunk + slot) * 512 in
+// rounds of 32 columns through the warp's staging: stmatrix into the 1 KB of sPf that the warp itself writes in the
+// next tile's S/dP exchange (so no other warp touches it until this one is through), then 16-byte stores, a row's 64
+// bytes by four lanes. (Straight from the fragments, 4-byte stores 16 bytes to a row a warp instruction, the stores
+// were a fifth of the kernel's samples, waiting on the memory pipe, on the H100: perf notes v29.) Per 64 slots each warpgroup issues 16 m64n128k16 (6 KB of shared-memory operands each)
+// where per-tile m64n32 blocks of interm^T took 64 m64n32k16 (3 KB each), measured 26% slower end to end at
+// V4-Flash than dkv_interm (perf notes v29).
+__device__ __forceinline__ void dqw_interm_issue(float (&ia)[64], unsigned aq, unsigned ado, unsigned ads, unsigned ap,
+                                                 int chunk) {
   smla_fence_regs(ia);
   smla_wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
-    smla_wgmma_m64n32k16<1, 0>(ia, smla_wgmma_desc(aq + c * (64 * 128) + ks * 2048, 64 * 128, 1024),
-                               smla_wgmma_desc(ads + ks * 32, 16, 1024), ks > 0);
+    smla_wgmma_m64n128k16<0, 1>(ia, smla_wgmma_desc(ads + ks * 32, 16, 1024),
+                                smla_wgmma_desc(aq + chunk * (64 * 128) + ks * 2048, 64 * 128, 1024), ks > 0);
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
-    smla_wgmma_m64n32k16<1, 0>(ia, smla_wgmma_desc(ado + c * (64 * 128) + ks * 2048, 64 * 128, 1024),
-                               smla_wgmma_desc(ap + ks * 32, 16, 1024), 1);
+    smla_wgmma_m64n128k16<0, 1>(ia, smla_wgmma_desc(ap + ks * 32, 16, 1024),
+                                smla_wgmma_desc(ado + chunk * (64 * 128) + ks * 2048, 64 * 128, 1024), 1);
   smla_wgmma_commit();
 }
 
-// 16 bytes from shared memory by address (the staging below is addressed only so: no generic pointer held in registers).
+// The pair `pair`'s interm rows (slots 64 pair ..; those at or past `end`, the run's or the chunk's end, not stored):
+// this warpgroup's columns in two passes, issued after the tile's dQ group; `stg`: the shared address of the warp's
+// staging rows 0-7 (8 - 15 at + 2048), 64 bytes each, the 16-byte piece m of row r at m ^ ((r / 2) % 4). dq_done() runs once the dQ group is
+// complete (groups complete in order: at the first wait that leaves only an interm group in flight), so that the kv
+// buffer goes back to the producer before the interm work. Fragment ia[4 i + 2 half + e] is slot 16 warp + lane / 4 +
+// 8 half, column 8 i + 2 (lane % 4) + e of the pass's 128.
+// 16 bytes from shared memory by address.
 __device__ __forceinline__ uint4 dqw_ld_shared16(unsigned addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
 }
 
-// Block c's fragments (waited for) -> bf16 -> this warp's staging (shared address `stw`) -> interm: lane = slot, its
-// columns 64 c + 16 warp + 8 h (h = 0, 1); `row0` is interm's row of the tile's slot 0, and slots at or past `n_slots`
-// (the chunk's end) are not stored.
-__device__ __forceinline__ void dqw_interm_store(float (&ia)[16], unsigned stw, smla_bf16* row0, int n_slots, int c,
-                                                 int warp, int lane) {
-  smla_fence_regs(ia);
-  const unsigned swz = ((lane >> 2) & 1) << 4;  // the half swap of rows 4-7 (this lane's slot row, for both below)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const unsigned w[4] = {smla_pack_bf2_rn(ia[2 * h], ia[2 * h + 1]), smla_pack_bf2_rn(ia[4 + 2 * h], ia[5 + 2 * h]),
-                           smla_pack_bf2_rn(ia[8 + 2 * h], ia[9 + 2 * h]),
-                           smla_pack_bf2_rn(ia[12 + 2 * h], ia[13 + 2 * h])};
-    dqw_stmatrix_x4<true>(stw + lane * 32 + ((h << 4) ^ swz), w);  // block i = lane / 8 (slots 8 i ..), row lane % 8
-  }
-  __syncwarp();
-  const uint4 v0 = dqw_ld_shared16(stw + lane * 32 + swz);
-  const uint4 v1 = dqw_ld_shared16(stw + lane * 32 + (16 ^ swz));
-  __syncwarp();  // every lane has read its row before the next block's stmatrix
-  if (lane < n_slots) {
-    smla_bf16* dst = row0 + (long long)lane * SMLA_D + 64 * c + 16 * warp;
-    *reinterpret_cast<uint4*>(dst) = v0;
-    *reinterpret_cast<uint4*>(dst + 8) = v1;
-  }
-}
-
-// One tile's interm rows (this warpgroup's four column blocks), issued after the tile's dQ group: with
-// DQW_INTERM_ACCS 2 a block's MMA runs while the one before is stored. dq_done() runs once the dQ group is complete
-// (groups complete in order: at the first wait that leaves only interm groups in flight), so that the kv buffer goes
-// back to the producer before the interm stores.
 template <class F>
-__device__ __forceinline__ void dqw_interm_tile(const SmlaParams& p, unsigned aq, unsigned ado, unsigned ads,
-                                                unsigned ap, unsigned stw, int t, int tile, int wg,
-                                                int warp, int lane, F&& dq_done) {
-  smla_bf16* row0 = p.interm + ((long long)t * p.r_chunk + tile * BLOCK_R) * SMLA_D;
-  const int n_slots = p.r_chunk - tile * BLOCK_R;
-#if DQW_INTERM_ACCS == 1
-  float ia[16];
+__device__ __forceinline__ void dqw_interm_pair(const SmlaParams& p, unsigned aq, unsigned ado, unsigned ads,
+                                                unsigned ap, unsigned stg, int t, int pair, int end, int wg, int warp,
+                                                int lane, F&& dq_done) {
+  float ia[64];
+  // stmatrix: lane 8 m + j gives row j of block m (slot rows 8 h + j, the round's columns 8 m ..); the read-out: lane
+  // reads piece lane % 4 of rows lane / 4 and 8 + lane / 4, and stores it to interm.
+  const int j = lane & 7, m = lane >> 3, rj = lane >> 2, rm = lane & 3;
+  const unsigned st_addr = stg + j * 64 + ((m ^ ((j >> 1) & 3)) << 4);
+  const unsigned rd_addr = stg + rj * 64 + ((rm ^ ((rj >> 1) & 3)) << 4);
+  const int slot_a = 64 * pair + 16 * warp + rj;  // the read-out's first slot; the second is 8 on
+  smla_bf16* row_a = p.interm + ((long long)t * p.r_chunk + slot_a) * SMLA_D + 256 * wg + 8 * rm;
 #pragma unroll
-  for (int b = 0; b < 4; ++b) {
-    dqw_interm_issue(ia, aq, ado, ads, ap, 4 * wg + b);
-    if (b == 0) {
+  for (int pass = 0; pass < 2; ++pass) {
+    dqw_interm_issue(ia, aq, ado, ads, ap, 4 * wg + 2 * pass);
+    if (pass == 0) {
       smla_wgmma_wait<1>();
       dq_done();
     }
     smla_wgmma_wait<0>();
-    dqw_interm_store(ia, stw, row0, n_slots, 4 * wg + b, warp, lane);
+    smla_fence_regs(ia);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 32 k .. of the pass
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        unsigned w[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w[b] = smla_pack_bf2_rn(ia[4 * (4 * k + b) + 2 * half], ia[4 * (4 * k + b) + 2 * half + 1]);
+        dqw_stmatrix_x4<false>(st_addr + half * 2048, w);
+      }
+      __syncwarp();
+      const uint4 v0 = dqw_ld_shared16(rd_addr), v1 = dqw_ld_shared16(rd_addr + 2048);
+      __syncwarp();  // every lane has read its pieces before the next round's stmatrix
+      smla_bf16* dst = row_a + 128 * pass + 32 * k;
+      if (slot_a < end) *reinterpret_cast<uint4*>(dst) = v0;
+      if (slot_a + 8 < end) *reinterpret_cast<uint4*>(dst + 8 * SMLA_D) = v1;
+    }
   }
-#elif DQW_INTERM_ACCS == 4
-  float ia[4][16];
-#pragma unroll
-  for (int b = 0; b < 4; ++b) dqw_interm_issue(ia[b], aq, ado, ads, ap, 4 * wg + b);
-  smla_wgmma_wait<4>();
-  dq_done();
-  smla_wgmma_wait<0>();
-#pragma unroll
-  for (int b = 0; b < 4; ++b) dqw_interm_store(ia[b], stw, row0, n_slots, 4 * wg + b, warp, lane);
-#else
-  float ia0[16], ia1[16];
-  dqw_interm_issue(ia0, aq, ado, ads, ap, 4 * wg);
-  smla_wgmma_wait<1>();
-  dq_done();
-  dqw_interm_issue(ia1, aq, ado, ads, ap, 4 * wg + 1);
-  smla_wgmma_wait<1>();
-  dqw_interm_store(ia0, stw, row0, n_slots, 4 * wg, warp, lane);
-  dqw_interm_issue(ia0, aq, ado, ads, ap, 4 * wg + 2);
-  smla_wgmma_wait<1>();
-  dqw_interm_store(ia1, stw, row0, n_slots, 4 * wg + 1, warp, lane);
-  dqw_interm_issue(ia1, aq, ado, ads, ap, 4 * wg + 3);
-  smla_wgmma_wait<1>();
-  dqw_interm_store(ia0, stw, row0, n_slots, 4 * wg + 2, warp, lane);
-  smla_wgmma_wait<0>();
-  dqw_interm_store(ia1, stw, row0, n_slots, 4 * wg + 3, warp, lane);
-#endif
 }
 #endif  // DQW_INTERM
 
@@ -504,10 +477,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   char* sKV = sDO + DQW_QBYTES;  // two buffers
   float* sPf = reinterpret_cast<float*>(sKV + 2 * DQW_KVBYTES);
   char* sP = reinterpret_cast<char*>(sPf) + DQW_PF_BYTES;
-  char* sDS = sP + DQW_T_BYTES;
-  int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
+  char* sDS = sP + DQW_T_ALL;
+  int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_ALL);
   int* sIdx = sFlag + 2 * BLOCK_R;
-  // (DQW_INTERM: the fused interm's staging follows sIdx, BLOCK_R x 32 B a computing warp; addressed from sDS below)
 
 #if !DQW_PERSIST
   const int t = blockIdx.x;
@@ -724,9 +696,10 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     // consumers hand that buffer back to the producer after the staging, not after the tile's dQ.
     [[maybe_unused]] const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
 #if DQW_INTERM
-    // This warp's interm staging (from ads: sIT is the last buffer of the carve, after sDS, sFlag and sIdx).
-    static_assert(DQW_T_BYTES + 4 * BLOCK_R * 4 == 4608, "sIT's offset from sDS");
-    const unsigned it_stw = ads + DQW_T_BYTES + 4 * BLOCK_R * 4 + (threadIdx.x / 32) * (BLOCK_R * 32);
+    const int interm_end = min(r_chunk, n_tiles * BLOCK_R);  // slots past the run or the chunk get no interm row
+    // The interm staging of this warp: the bytes of sPf it gives in the exchange (float4 tw and 128 + tw of its
+    // warpgroup's 4 KB), rows 0-7 at 512 warp, 8-15 at 2048 + 512 warp.
+    const unsigned interm_stg = smla_smem_addr(sPf) + wg * 4096 + warp * 512;
 #endif
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
@@ -742,6 +715,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
       const unsigned akv = akv0 + buf * DQW_KVBYTES;
       const int* flag = sFlag + buf * BLOCK_R;
+#if DQW_INTERM
+      const unsigned pds_half = (tile & 1) * DQW_T_BYTES;  // this tile's half of sP and sDS
+#else
+      constexpr unsigned pds_half = 0;
+#endif
 #if !DQW_PRODUCER
       int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
       if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
@@ -829,8 +807,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         }
         const int mb = lane >> 3;
         const unsigned so = smla_swz128(8 * (i0 + (mb >> 1)) + (lane & 7), 16 * warp + 8 * (mb & 1));
-        dqw_stmatrix_x4<true>(smla_smem_addr(sP) + so, wpm);
-        dqw_stmatrix_x4<true>(smla_smem_addr(sDS) + so, wds);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sP) + pds_half + so, wpm);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sDS) + pds_half + so, wds);
       }
       smla_fence_proxy_async();  // both wrote dS
       DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
@@ -840,7 +818,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       smla_wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
-        const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
+        const unsigned long long da = smla_wgmma_desc(ads + pds_half + ks * 2048, DQW_T_BYTES, 1024);
         const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
         smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
       }
@@ -852,12 +830,15 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // remainder, for its one trip).
       static_assert(BLOCK_R * 8 == DQW_THREADS, "dq's P/dS store: one 16-byte piece a consumer thread");
 #if DQW_INTERM
-      // (or, fused: this tile's interm rows, from Q, dO and the P and dS in shared memory; dkv_interm is not planned)
-      dqw_interm_tile(p, smla_smem_addr(sQ), smla_smem_addr(sDO), ads, smla_smem_addr(sP), it_stw, t, tile,
-                      wg, warp, lane, [&] {
-                        smla_fence_regs(acc);
-                        smla_mbar_arrive(empty0 + 8 * buf);
-                      });
+      // (or, fused: after every second tile and the last, the pair's interm rows, from Q, dO and the P and dS in
+      // shared memory; dkv_interm is not planned)
+      const bool pair_end = (tile & 1) || tile == n_tiles - 1;
+      if (pair_end)
+        dqw_interm_pair(p, smla_smem_addr(sQ), smla_smem_addr(sDO), ads, smla_smem_addr(sP), interm_stg, t, tile >> 1,
+                        interm_end, wg, warp, lane, [&] {
+                          smla_fence_regs(acc);
+                          smla_mbar_arrive(empty0 + 8 * buf);
+                        });
 #else
       if (tile * BLOCK_R + pds_rl < r_chunk) {
         const long long o = pds_o + (long long)tile * (BLOCK_R * HEADS);
@@ -867,7 +848,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
       smla_wgmma_wait<0>();
       smla_fence_regs(acc);
-#if DQW_PRODUCER && !DQW_INTERM
+#if DQW_INTERM
+      if (!pair_end) smla_mbar_arrive(empty0 + 8 * buf);  // (a pair's end handed it back in dqw_interm_pair)
+#elif DQW_PRODUCER
       if (!(defer_last && tile == n_tiles - 1)) smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with it
 #endif
     }

@@ -331,7 +331,7 @@ TEST(NvrtcOffline, FusedDkvIsPlannedIntoDqAndCompiles) {
     EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1)) << "top-k " << topk;
     EXPECT_FALSE(has_define(k, "DQW_PERSIST", 1)) << "top-k " << topk;
     EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32, true));
-    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32) + smla_dq_interm_stage_bytes(32));
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32) + smla_dq_interm_extra_bytes(32));
     EXPECT_LE(k.smem_bytes, 227u * 1024u);
     EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, s).empty()) << "dq writes interm";
     EXPECT_FALSE(cuda_phase_kernels(Phase::Gather, s).empty());
