@@ -133,10 +133,11 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   const auto specs = cuda_all_kernels(shapes);
   std::set<std::string> entries;
   int wgmma_dq = 0, mma_dq = 0;
-  std::set<long long> wgmma_dkv_heads, mma_dkv_heads;
+  std::set<long long> wgmma_dkv_heads, mma_dkv_heads, fused_dq_heads;
   for (const auto& k : specs) {
     entries.insert(k.entry);
     if (k.entry == "smla_dq") ++(has_define(k, "DQ_WGMMA", 1) ? wgmma_dq : mma_dq);
+    if (has_define(k, "DQW_INTERM", 1)) fused_dq_heads.insert(define_of(k, "HEADS"));
     if (k.entry == "smla_dkv_interm")
       (has_define(k, "DKV_WGMMA", 1) ? wgmma_dkv_heads : mma_dkv_heads).insert(define_of(k, "HEADS"));
   }
@@ -145,9 +146,11 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
     EXPECT_TRUE(entries.count(e)) << e << " is never planned";
   EXPECT_GT(wgmma_dq, 0);
   EXPECT_GT(mma_dq, 0);
-  // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one.
+  // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one but 64, where dq
+  // writes interm on sm_90a (dkv_impl 4: no dkv_interm kernel).
   EXPECT_EQ(mma_dkv_heads, (std::set<long long>{16, 32, 64, 128}));
-  EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 64, 128}));
+  EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 128}));
+  EXPECT_EQ(fused_dq_heads, (std::set<long long>{64}));
   EXPECT_GE(compile_all("sm_90a", specs), 4);  // dq and dkv_interm wgmma bodies, at several H
 }
 
@@ -214,7 +217,8 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
         EXPECT_TRUE(has_define(d, "DQW_PRODUCER", 1)) << "H " << H << " top-k " << topk;
         return has_define(d, "DQW_PERSIST", 1);
       };
-      EXPECT_EQ(persistent(nullptr), topk <= 256) << "H " << H << " top-k " << topk;
+      // (H 64: the planner's fused dkv, which runs in dq_impl 3's body)
+      EXPECT_EQ(persistent(nullptr), topk <= 256 && H != 64) << "H " << H << " top-k " << topk;
       if (topk % 32 == 0) {
         p.r_chunk = topk / 2;  // two chunks: the fp32 carry
         EXPECT_FALSE(persistent(nullptr)) << "H " << H << " top-k " << topk << " in two chunks";
@@ -243,6 +247,7 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_TRUE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
   TileConfig c;
   std::vector<KernelSpec> specs;
+  c.dkv_impl = 3;  // (at H 64 the planner would fuse dkv into dq_impl 3: FusedDkvIsPlannedIntoDqAndCompiles)
   for (int impl : {2, 3, 4})
     for (int64_t H : {64, 128}) {
       c.dq_impl = impl;
@@ -335,9 +340,24 @@ TEST(NvrtcOffline, FusedDkvIsPlannedIntoDqAndCompiles) {
     EXPECT_LE(k.smem_bytes, 227u * 1024u);
     EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, s).empty()) << "dq writes interm";
     EXPECT_FALSE(cuda_phase_kernels(Phase::Gather, s).empty());
-    const KernelSpec unfused = launch_of(Phase::Dq, shape_with_config(p, nullptr, budget, "sm_90a"));
+    // The planner's choice at H 64 on sm_90a; with the dkv_interm body asked for, dq is its own again (persistent up to
+    // 256 slots), and so it is where the caller asks for dq_impl 4 or a dkv tile.
+    EXPECT_EQ(launch_of(Phase::Dq, shape_with_config(p, nullptr, budget, "sm_90a")).defines, k.defines);
+    EXPECT_EQ(cuda_dkv_impl(shape_with_config(p, nullptr, budget, "sm_90a")), 4);
+    TileConfig three;
+    three.dkv_impl = 3;
+    const KernelSpec unfused = launch_of(Phase::Dq, shape_with_config(p, &three, budget, "sm_90a"));
     EXPECT_FALSE(has_define(unfused, "DQW_INTERM", 1));
     EXPECT_EQ(has_define(unfused, "DQW_PERSIST", 1), topk <= 256);
+    TileConfig dq4, tile;
+    dq4.dq_impl = 4;
+    tile.dkv_block_d = 256;
+    for (const TileConfig* other : {&dq4, &tile}) {
+      const ShapeInfo o = shape_with_config(p, other, budget, "sm_90a");
+      EXPECT_NE(cuda_dkv_impl(o), 4);
+      EXPECT_FALSE(has_define(launch_of(Phase::Dq, o), "DQW_INTERM", 1));
+      EXPECT_EQ(cuda_phase_kernels(Phase::DkvInterm, o).size(), 1u);
+    }
     if (specs.empty()) specs.push_back(k);
     EXPECT_EQ(k.defines, specs[0].defines) << "no top-k is compiled in";
   }
@@ -399,13 +419,17 @@ TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   k = dkv_of(shape_with_config(p, &tiles, budget, "sm_90a"));
   EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1);
   EXPECT_EQ(define_of(k, "BLOCK_D"), 128);
-  // H = 64 with chunks of 8 tiles or more: the producer body (measured faster there); shorter chunks: dkv_impl 2.
+  // H = 64: dq writes interm (dkv_impl 4, no dkv_interm kernel). Where the caller keeps dq from it (dq_impl 4), with
+  // chunks of 8 tiles or more the producer body (measured faster there); shorter chunks: dkv_impl 2.
   p.H = 64, p.topk = 640;
-  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, shape_with_config(p, nullptr, budget, "sm_90a")).empty());
+  TileConfig dq4;
+  dq4.dq_impl = 4;
+  k = dkv_of(shape_with_config(p, &dq4, budget, "sm_90a"));
   EXPECT_TRUE(has_define(k, "DKW_PRODUCER", 1));
   EXPECT_EQ(k.block.x, 384u);
   p.topk = 160;
-  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  k = dkv_of(shape_with_config(p, &dq4, budget, "sm_90a"));
   EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
   EXPECT_FALSE(has_define(k, "DKW_PRODUCER", 1));
   p.topk = 512;

@@ -81,11 +81,17 @@ Tiles tiles_of(const ShapeInfo& s) {
   // H100 (perf notes v28). Not with several chunks: an earlier chunk's fp32 carry leaves dq_impl 4's epilogue as
   // fragment stores (its Q and dO buffers may already hold the next block's rows), which v16 found store-bound.
   const bool persist_dq = s.n_chunks == 1 && s.r_chunk <= 8 * kWgmmaBlockR;
-  // dkv_impl 4 (fused into dq) runs in dq_impl 3's body only (dq_wgmma.cuh: dq_impl 4's consumers spill with it).
+  // dkv_impl 4 (dq writes interm; no dkv_interm kernel) where one dq block holds every head of its token (H 64) and the
+  // caller asked for no other dq or dkv body or dkv tile: 14-15% faster end to end than dq_impl 3 or 4 with dkv_interm
+  // at 4096,64,5120,640 / 160 and 4096,64,8192,2048 on the H100 (perf notes v29). It runs in dq_impl 3's body only
+  // (dq_wgmma.cuh: dq_impl 4's consumers spill with it).
+  const bool fused_dkv =
+      s.dkv_impl == 4 || (s.dkv_impl == 0 && s.sm90a && wgmma_fits && s.H == kWgmmaBlockH &&
+                          (s.dq_impl == 0 || s.dq_impl == 3) && s.dkv_block_r == 0 && s.dkv_block_d == 0);
   t.dq_impl = s.dq_impl                 ? s.dq_impl
               : !(s.sm90a && wgmma_fits) ? 1
-              : persist_dq && s.dkv_impl != 4 ? 4
-                                              : 3;
+              : persist_dq && !fused_dkv ? 4
+                                         : 3;
   t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
   // mma.sync on a target with less shared memory than Hopper (an A100's 163 KB): fewer heads a block, while they
@@ -108,7 +114,7 @@ Tiles tiles_of(const ShapeInfo& s) {
   // in three calls). At H 128 it was even or slower (seed 0.99-1.00, T 8192 1.00, TOPK 1152 0.99 of dkv_impl 2's
   // dkv_interm time; TOPK 160, three tiles a chunk: 1.14-1.25), so dkv_impl 2 stays there (docs/perf-notes.md v10).
   const bool dkv_producer = s.H == 64 && s.r_chunk >= 8 * kDkvWgmmaBlockR;
-  t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
+  t.dkv_impl = fused_dkv ? 4 : s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
   t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockR : 64;
   t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockD : 256;
   // mma.sync with less shared memory: narrower column blocks first (they keep the rows a block shares), then fewer
@@ -281,6 +287,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
 }
+
+int cuda_dkv_impl(const ShapeInfo& s) { return tiles_of(s).dkv_impl; }
 
 long long cuda_csr_scratch_bytes(const ShapeInfo& s) {
   // csr.cu's layout in csr_hist: bins [passes][digits], the tile counters (kCsrCtrInts), look-back
