@@ -58,6 +58,12 @@
 // The overlapped copies bought nothing then (with qfree moved after the epilogue, no overlap at all, it ran the same);
 // prefetching the O rows into L2 was slower (+0.035 ms). With them (v25, v28): dq 1.214 -> 1.083 ms at TOPK 160,
 // even from 320 slots up; the planner's choice where the top-k is one chunk of 256 slots or fewer.
+//
+// With DQW_INTERM 1 (dkv_impl 4, the planner's at H 64: a block then holds every head of its token) the producer body
+// (dq_impl 3) writes interm itself instead of P and dS: sP and sDS hold two tiles, and after every second tile (and the
+// last) the consumers compute the pair's interm rows from them and from sQ / sDO (dqw_interm_pair); no dkv_interm
+// kernel runs. 8 KB more shared memory (the second tile of P and dS). Measured on an H100 (perf notes v29): dq 1.2 ->
+// 2.0 ms and dkv_interm's 1.2 ms gone at 4096,64,5120,640, -15% end to end; outputs bitwise dkv_impl 3's.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 

@@ -115,8 +115,9 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
     for (int impl : {3, 4, 2, 1})  // dq body: wgmma with a producer, the same persistent (faster than 3 only at small
                                    // top-k: perf notes v15), wgmma without a producer (sm_90a only; one tile, 64 x 32),
                                    // mma.sync
-      for (int dimpl : {3, 2, 1})  // dkv body: wgmma with and without a producer (sm_90a, H % 32 == 0; only their
-                                     // 64 x 256 tile passes), mma.sync
+      for (int dimpl : {4, 3, 2, 1})  // dkv body: fused into dq (sm_90a, H 64, dq_impl 3; no dkv tile), wgmma with
+                                        // and without a producer (sm_90a, H % 32 == 0; only their 64 x 256 tile
+                                        // passes), mma.sync
         for (int bh : {16, 32, 64})
           for (int br : {32, 64})
             for (int kr : {32, 64, 128})
@@ -125,7 +126,10 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
                 c.cfg = smla::TileConfig{bh, br, kr, kd, rc, impl, dimpl};
                 if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget, target), nullptr)) continue;
                 c.resolved = resolve(p, c.cfg, budget, target);
-                if (c.resolved == h.resolved) continue;  // the heuristic is already in
+                // Each resolved config once (the heuristic's included): the fused dkv has no dkv tile, so every kr x
+                // kd of it is the same plan.
+                if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.resolved == c.resolved; }))
+                  continue;
                 out.push_back(c);
               }
   }
