@@ -50,13 +50,16 @@ SMLA_HD constexpr unsigned smla_dq_smem_bytes(int block_h, int block_r) {
 // (KernelSpec::launch_regs).
 SMLA_HD constexpr int smla_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
 
+// What the fused interm (dq_wgmma.cuh, DQW_INTERM) adds: a second tile of P and of dS (BLOCK_R x 128 B each).
+SMLA_HD constexpr unsigned smla_dq_interm_extra_bytes(int block_r) { return 2u * block_r * 128u; }
+
 // ---- dq, sm_90a wgmma body (dq_wgmma.cuh): Q and dO (64 heads x 1 KB each), two kv buffers of
 // BLOCK_R rows, fp32 S/dP exchange (64 x BLOCK_R), bf16 P and dS (BLOCK_R x 128 B each), the flags
-// and the prefetched top-k indices (two tiles each), and 1 KB of slack to align the start to 1024
-// bytes (the swizzle atoms).
-SMLA_HD constexpr unsigned smla_dq_wgmma_smem_bytes(int block_r) {
+// and the prefetched top-k indices (two tiles each), with `interm` (dkv_impl 4) P and dS of two tiles,
+// and 1 KB of slack to align the start to 1024 bytes (the swizzle atoms).
+SMLA_HD constexpr unsigned smla_dq_wgmma_smem_bytes(int block_r, bool interm = false) {
   return 2u * 65536u + 2u * block_r * 1024u + 64u * block_r * 4u + 2u * block_r * 128u + 2u * block_r * 4u +
-         2u * block_r * 4u + 1024u;
+         2u * block_r * 4u + (interm ? smla_dq_interm_extra_bytes(block_r) : 0u) + 1024u;
 }
 
 // ---- dkv_interm: B = [q ; dout] columns of this block [2H][BLOCK_D+pad], two A buffers

@@ -58,6 +58,12 @@
 // The overlapped copies bought nothing then (with qfree moved after the epilogue, no overlap at all, it ran the same);
 // prefetching the O rows into L2 was slower (+0.035 ms). With them (v25, v28): dq 1.214 -> 1.083 ms at TOPK 160,
 // even from 320 slots up; the planner's choice where the top-k is one chunk of 256 slots or fewer.
+//
+// With DQW_INTERM 1 (dkv_impl 4, the planner's at H 64: a block then holds every head of its token) the producer body
+// (dq_impl 3) writes interm itself instead of P and dS: sP and sDS hold two tiles, and after every second tile (and the
+// last) the consumers compute the pair's interm rows from them and from sQ / sDO (dqw_interm_pair); no dkv_interm
+// kernel runs. 8 KB more shared memory (the second tile of P and dS). Measured on an H100 (perf notes v29): dq 1.2 ->
+// 2.0 ms and dkv_interm's 1.2 ms gone at 4096,64,5120,640, -15% end to end; outputs bitwise dkv_impl 3's.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 
@@ -73,6 +79,13 @@
 // read before its first copies. dq_impl 4 runs the same tiles, counted by its producer alone (dqw_producer_persist,
 // handed over in s_nt); dq_impl 2 runs every tile of the chunk.
 #define DQW_SKIP (DQW_PRODUCER && !DQW_PERSIST)
+#ifndef DQW_INTERM
+#define DQW_INTERM 0  // 1 (dkv_impl 4): interm rows written here, not P and dS (see dqw_interm_pair)
+#endif
+#if DQW_INTERM && (!DQW_PRODUCER || DQW_PERSIST || HEADS != 64)
+// (dq_impl 4's consumers, at setmaxnreg 208, spilled 24 bytes with it: compiled here, not planned.)
+#error "the fused interm needs the producer body (dq_impl 3) and H 64 (a block holds every head of its token)"
+#endif
 #if DQW_PERSIST && !DQW_PRODUCER
 #error "the persistent dq body is the producer body's (DQW_PRODUCER 1)"
 #endif
@@ -96,17 +109,17 @@
 #define DQW_KVCHUNK (BLOCK_R * 128)            // one 64-column chunk of a kv buffer
 #define DQW_KVBYTES (8 * DQW_KVCHUNK)          // one kv buffer
 #define DQW_PF_BYTES (64 * BLOCK_R * 4)
-#define DQW_T_BYTES (BLOCK_R * 128)            // sP or sDS
+#define DQW_T_BYTES (BLOCK_R * 128)            // one tile of sP or sDS
+#define DQW_T_ALL (DQW_INTERM ? 2 * DQW_T_BYTES : DQW_T_BYTES)  // sP or sDS: two tiles for the fused interm
 #define DQW_LOG2E 1.4426950408889634f
 #define DQW_DELTA_HEADS (64 / (DQW_THREADS / 32))  // heads of the fused delta per warp
 // Head (0..63 in the block) of a warp's j-th fused-delta row.
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
-static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 +
-                      1024 ==
-                  smla_dq_wgmma_smem_bytes(BLOCK_R),
+static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_ALL + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 + 1024 ==
+                  smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
-SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R));
+SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM));
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"
@@ -206,7 +219,7 @@ __device__ __forceinline__ void dqw_load_idx(const SmlaParams& p, const int* top
 // issued: a shared load issued after them queues behind their operand reads, and the copies waited on it
 // (measured, perf notes v8: dq 2.70 -> 2.67 ms at the seed).
 __device__ __forceinline__ void dqw_read_idx(const int* sidx, int (&k)[8]) {
-  static_assert((2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_BYTES + 2 * BLOCK_R * 4) % 16 == 0 &&
+  static_assert((2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_ALL + 2 * BLOCK_R * 4) % 16 == 0 &&
                     BLOCK_R * 4 % 16 == 0,
                 "dqw_read_idx: sIdx's buffers must be 16-byte aligned");
   const int4* s = reinterpret_cast<const int4*>(sidx + (threadIdx.x / 64) * 8);
@@ -376,6 +389,90 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* 
 #endif  // DQW_PERSIST
 #endif  // DQW_PRODUCER
 
+#if DQW_INTERM
+// The fused interm (dkv_impl 4, H 64: a block holds every head of its token, so a slot's interm row is whole here).
+// P and dS live in two halves of sP / sDS, a tile's 32 slots each (tile % 2); after every second tile's dQ (and after
+// the last tile), the pair's 64 slots get interm = dS^T Q + P^T dO, the product dkv_interm computes from the
+// workspace's P and dS, in the same K order (dS's 64 heads, then P's): M = the 64 slots (A = dS^T, P^T: K-major,
+// [slot][head] as the dQ product reads them), N = columns (B = Q, dO: MN-major from sQ / sDO, as dQ reads kv).
+// Warpgroup wg takes columns 256 wg .. + 255 in two passes of m64n128 (64 fp32 a thread: the S/dP registers are free
+// by then and the dQ accumulator keeps its 128), each stored as bf16 to interm rows (t * r_chunk + slot) * 512 in
+// rounds of 32 columns through the warp's staging: stmatrix into the 1 KB of sPf that the warp itself writes in the
+// next tile's S/dP exchange (so no other warp touches it until this one is through), then 16-byte stores, a row's 64
+// bytes by four lanes. (Straight from the fragments, 4-byte stores 16 bytes to a row a warp instruction, the stores
+// were a fifth of the kernel's samples, waiting on the memory pipe, on the H100: perf notes v29.) Per 64 slots each warpgroup issues 16 m64n128k16 (6 KB of shared-memory operands each)
+// where per-tile m64n32 blocks of interm^T took 64 m64n32k16 (3 KB each), measured 26% slower end to end at
+// V4-Flash than dkv_interm (perf notes v29).
+__device__ __forceinline__ void dqw_interm_issue(float (&ia)[64], unsigned aq, unsigned ado, unsigned ads, unsigned ap,
+                                                 int chunk) {
+  smla_fence_regs(ia);
+  smla_wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    smla_wgmma_m64n128k16<0, 1>(ia, smla_wgmma_desc(ads + ks * 32, 16, 1024),
+                                smla_wgmma_desc(aq + chunk * (64 * 128) + ks * 2048, 64 * 128, 1024), ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    smla_wgmma_m64n128k16<0, 1>(ia, smla_wgmma_desc(ap + ks * 32, 16, 1024),
+                                smla_wgmma_desc(ado + chunk * (64 * 128) + ks * 2048, 64 * 128, 1024), 1);
+  smla_wgmma_commit();
+}
+
+// The pair `pair`'s interm rows (slots 64 pair ..; those at or past `end`, the run's or the chunk's end, not stored):
+// this warpgroup's columns in two passes, issued after the tile's dQ group; `stg`: the shared address of the warp's
+// staging rows 0-7 (8 - 15 at + 2048), 64 bytes each, the 16-byte piece m of row r at m ^ ((r / 2) % 4). dq_done() runs once the dQ group is
+// complete (groups complete in order: at the first wait that leaves only an interm group in flight), so that the kv
+// buffer goes back to the producer before the interm work. Fragment ia[4 i + 2 half + e] is slot 16 warp + lane / 4 +
+// 8 half, column 8 i + 2 (lane % 4) + e of the pass's 128.
+// 16 bytes from shared memory by address.
+__device__ __forceinline__ uint4 dqw_ld_shared16(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+template <class F>
+__device__ __forceinline__ void dqw_interm_pair(const SmlaParams& p, unsigned aq, unsigned ado, unsigned ads,
+                                                unsigned ap, unsigned stg, int t, int pair, int end, int wg, int warp,
+                                                int lane, F&& dq_done) {
+  float ia[64];
+  // stmatrix: lane 8 m + j gives row j of block m (slot rows 8 h + j, the round's columns 8 m ..); the read-out: lane
+  // reads piece lane % 4 of rows lane / 4 and 8 + lane / 4, and stores it to interm.
+  const int j = lane & 7, m = lane >> 3, rj = lane >> 2, rm = lane & 3;
+  const unsigned st_addr = stg + j * 64 + ((m ^ ((j >> 1) & 3)) << 4);
+  const unsigned rd_addr = stg + rj * 64 + ((rm ^ ((rj >> 1) & 3)) << 4);
+  const int slot_a = 64 * pair + 16 * warp + rj;  // the read-out's first slot; the second is 8 on
+  smla_bf16* row_a = p.interm + ((long long)t * p.r_chunk + slot_a) * SMLA_D + 256 * wg + 8 * rm;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    dqw_interm_issue(ia, aq, ado, ads, ap, 4 * wg + 2 * pass);
+    if (pass == 0) {
+      smla_wgmma_wait<1>();
+      dq_done();
+    }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(ia);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // columns 32 k .. of the pass
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        unsigned w[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w[b] = smla_pack_bf2_rn(ia[4 * (4 * k + b) + 2 * half], ia[4 * (4 * k + b) + 2 * half + 1]);
+        dqw_stmatrix_x4<false>(st_addr + half * 2048, w);
+      }
+      __syncwarp();
+      const uint4 v0 = dqw_ld_shared16(rd_addr), v1 = dqw_ld_shared16(rd_addr + 2048);
+      __syncwarp();  // every lane has read its pieces before the next round's stmatrix
+      smla_bf16* dst = row_a + 128 * pass + 32 * k;
+      if (slot_a < end) *reinterpret_cast<uint4*>(dst) = v0;
+      if (slot_a + 8 < end) *reinterpret_cast<uint4*>(dst + 8 * SMLA_D) = v1;
+    }
+  }
+}
+#endif  // DQW_INTERM
+
 extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
@@ -386,8 +483,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
   char* sKV = sDO + DQW_QBYTES;  // two buffers
   float* sPf = reinterpret_cast<float*>(sKV + 2 * DQW_KVBYTES);
   char* sP = reinterpret_cast<char*>(sPf) + DQW_PF_BYTES;
-  char* sDS = sP + DQW_T_BYTES;
-  int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_BYTES);
+  char* sDS = sP + DQW_T_ALL;
+  int* sFlag = reinterpret_cast<int*>(sDS + DQW_T_ALL);
   int* sIdx = sFlag + 2 * BLOCK_R;
 
 #if !DQW_PERSIST
@@ -594,14 +691,22 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     const unsigned daq_lo = (unsigned)daq;
     const unsigned long long daq_hi = daq & ~0xFFFFFFFFull;  // SBO and swizzle: constants
 
+#if !DQW_INTERM
     // This thread's piece of the per-tile P/dS store (below): row pds_rl of the tile, 16-byte piece pds_c (8 heads).
     const int pds_rl = threadIdx.x / 8, pds_c = threadIdx.x % 8;
     const unsigned pds_so = smla_swz128(pds_rl, pds_c * 8);
     const long long pds_o = ((long long)t * r_chunk + pds_rl) * HEADS + h0 + pds_c * 8;
+#endif
 
     // The persistent body's last chunk stages its bf16 dQ through the last tile's kv buffer (the epilogue below): the
     // consumers hand that buffer back to the producer after the staging, not after the tile's dQ.
-    const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
+    [[maybe_unused]] const bool defer_last = DQW_PERSIST && p.chunk == p.n_chunks - 1;
+#if DQW_INTERM
+    const int interm_end = min(r_chunk, n_tiles * BLOCK_R);  // slots past the run or the chunk get no interm row
+    // The interm staging of this warp: the bytes of sPf it gives in the exchange (float4 tw and 128 + tw of its
+    // warpgroup's 4 KB), rows 0-7 at 512 warp, 8-15 at 2048 + 512 warp.
+    const unsigned interm_stg = smla_smem_addr(sPf) + wg * 4096 + warp * 512;
+#endif
     for (int tile = 0; tile < n_tiles; ++tile) {
 #if DQW_PRODUCER
       const int buf = (g0 + tile) & 1;
@@ -616,6 +721,11 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
       const unsigned akv = akv0 + buf * DQW_KVBYTES;
       const int* flag = sFlag + buf * BLOCK_R;
+#if DQW_INTERM
+      const unsigned pds_half = (tile & 1) * DQW_T_BYTES;  // this tile's half of sP and sDS
+#else
+      constexpr unsigned pds_half = 0;
+#endif
 #if !DQW_PRODUCER
       int kn[8];  // the next tile's kv rows (its indices landed before barrier A)
       if (tile + 1 < n_tiles) dqw_read_idx(sIdx + ((tile + 1) & 1) * BLOCK_R, kn);
@@ -703,8 +813,8 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
         }
         const int mb = lane >> 3;
         const unsigned so = smla_swz128(8 * (i0 + (mb >> 1)) + (lane & 7), 16 * warp + 8 * (mb & 1));
-        dqw_stmatrix_x4<true>(smla_smem_addr(sP) + so, wpm);
-        dqw_stmatrix_x4<true>(smla_smem_addr(sDS) + so, wds);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sP) + pds_half + so, wpm);
+        dqw_stmatrix_x4<true>(smla_smem_addr(sDS) + pds_half + so, wds);
       }
       smla_fence_proxy_async();  // both wrote dS
       DQW_SYNC();  // (C) dS is in shared memory, visible to wgmma
@@ -714,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       smla_wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < BLOCK_R / 16; ++ks) {
-        const unsigned long long da = smla_wgmma_desc(ads + ks * 2048, DQW_T_BYTES, 1024);
+        const unsigned long long da = smla_wgmma_desc(ads + pds_half + ks * 2048, DQW_T_BYTES, 1024);
         const unsigned long long db = smla_wgmma_desc(akv + 4 * wg * DQW_KVCHUNK + ks * 2048, DQW_KVCHUNK, 1024);
         smla_wgmma_m64n256k16<1, 1>(acc, da, db, 1);
       }
@@ -725,14 +835,28 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       // straight-line code (a loop from threadIdx.x was compiled as a general loop, unrolled by four with a
       // remainder, for its one trip).
       static_assert(BLOCK_R * 8 == DQW_THREADS, "dq's P/dS store: one 16-byte piece a consumer thread");
+#if DQW_INTERM
+      // (or, fused: after every second tile and the last, the pair's interm rows, from Q, dO and the P and dS in
+      // shared memory; dkv_interm is not planned)
+      const bool pair_end = (tile & 1) || tile == n_tiles - 1;
+      if (pair_end)
+        dqw_interm_pair(p, smla_smem_addr(sQ), smla_smem_addr(sDO), ads, smla_smem_addr(sP), interm_stg, t, tile >> 1,
+                        interm_end, wg, warp, lane, [&] {
+                          smla_fence_regs(acc);
+                          smla_mbar_arrive(empty0 + 8 * buf);
+                        });
+#else
       if (tile * BLOCK_R + pds_rl < r_chunk) {
         const long long o = pds_o + (long long)tile * (BLOCK_R * HEADS);
         *reinterpret_cast<uint4*>(p.pm + o) = *reinterpret_cast<const uint4*>(sP + pds_so);
         *reinterpret_cast<uint4*>(p.ds + o) = *reinterpret_cast<const uint4*>(sDS + pds_so);
       }
+#endif
       smla_wgmma_wait<0>();
       smla_fence_regs(acc);
-#if DQW_PRODUCER
+#if DQW_INTERM
+      if (!pair_end) smla_mbar_arrive(empty0 + 8 * buf);  // (a pair's end handed it back in dqw_interm_pair)
+#elif DQW_PRODUCER
       if (!(defer_last && tile == n_tiles - 1)) smla_mbar_arrive(empty0 + 8 * buf);  // this thread's wgmma are done with it
 #endif
     }
@@ -744,10 +868,21 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
       dqw_each_pair(acc, h0, hl_a, hl_b, wg, lane,
                     [&](int h, int d, float& v0, float& v1) { smla_dq_add_carry<HEADS>(p, t, h, d, v0, v1); });
 #if !DQW_PERSIST
+#if DQW_INTERM
+    // Each warpgroup's interm product reads both sQ and sDO (its columns of each), which the staging below overwrites
+    // (warpgroup 0's dQ in sQ, 1's in sDO): both are done with them first.
+    dqw_sync();
+#endif
     // The staging buffer of this warpgroup's half of dQ: its own S/dP operand buffer (sQ for warpgroup 0, sDO for 1:
     // neither is read again in this block once the last S/dP wgmma was waited for, and the other warpgroup never reads
     // it), written and read back between the warpgroup's own barrier (named barrier 3 or 4, 128 threads).
+#if DQW_INTERM
+    // (from aq, the shared address of the same buffer: with the fused interm's registers in the loop, ptxas otherwise
+    // kept the block's generic shared-memory base in local memory across it, 4 bytes)
+    char* stage = static_cast<char*>(__cvta_shared_to_generic(aq));
+#else
     char* stage = wg == 0 ? sQ : sDO;
+#endif
     auto stage_sync = [wg] {
       if (wg == 0)
         smla_named_sync<3, 128>();

@@ -36,7 +36,8 @@ struct ShapeInfo {
   /// producer warpgroup (the CUDA default on sm_90a).
   int dq_impl = 0;
   /// dkv_interm body: 0 = the backend's default, 1 = mma.sync (sm_80+), 2 = warpgroup MMA (sm_90a only), 3 = 2 with
-  /// a producer warpgroup and a 64 x 256 tile per consumer warpgroup.
+  /// a producer warpgroup and a 64 x 256 tile per consumer warpgroup, 4 = fused into dq (sm_90a, H 64: no dkv_interm
+  /// kernel, no P or dS in the workspace).
   int dkv_impl = 0;
   /// The CUDA target has sm_90a's instructions (wgmma); set from the target by whoever plans for it.
   bool sm90a = false;
@@ -45,6 +46,8 @@ struct ShapeInfo {
   unsigned smem_limit = 0;
   /// Slots of one chunk (token chunk x top-k chunk): the rows of ds, pm, interm and the csr sort.
   long long chunk_items() const { return static_cast<long long>(t_chunk > 0 ? t_chunk : T) * r_chunk; }
+  /// dq writes interm and no dkv_interm runs (dkv_impl 4, an sm_90a plan; the CUDA planner checks the rest).
+  bool fused_dkv() const { return dkv_impl == 4 && sm90a; }
   /// Chunks in all, the length of gather's dkv accumulation.
   int all_chunks() const { return n_chunks * t_chunks; }
 };

@@ -233,6 +233,9 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   if (kind == BackendKind::Cuda) {
     std::string not_ok;
     if (!cuda_shape_supported(plan->shape_, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
+    // The planner's fused dkv (H 64 on sm_90a) made explicit, so that the workspace leaves P and dS out
+    // (ShapeInfo::fused_dkv); the kernels are the same either way.
+    if (cuda_dkv_impl(plan->shape_) == 4) plan->shape_.dkv_impl = 4;
     // csr's onesweep sort keeps its bins, tile counters and look-back in the csr_hist region.
     plan->shape_.csr_sort_temp_bytes = static_cast<size_t>(cuda_csr_scratch_bytes(plan->shape_));
   }

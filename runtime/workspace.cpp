@@ -24,8 +24,10 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   put(w.delta, T * H * sizeof(float));
   put(w.lse_n, T * H * sizeof(float));
   put(w.dq_acc, s.n_chunks > 1 ? T * H * D * sizeof(float) : 0);
-  put(w.ds, items * H * sizeof(smla_bf16));
-  put(w.pm, items * H * sizeof(smla_bf16));
+  // P and dS reach memory only for dkv_interm: with dkv_impl 4 on sm_90a the dq body writes interm itself.
+  const size_t pds_items = s.fused_dkv() ? 0 : items;
+  put(w.ds, pds_items * H * sizeof(smla_bf16));
+  put(w.pm, pds_items * H * sizeof(smla_bf16));
   put(w.interm, items * D * sizeof(smla_bf16));
   put(w.csr_keys0, items * sizeof(int));
   put(w.csr_keys1, items * sizeof(int));

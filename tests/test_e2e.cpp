@@ -141,6 +141,37 @@ TEST(E2E, PersistentDqKeepsTheProducerBodysBits) {
   }
 }
 
+// dkv_impl 4 (H 64): the dq body writes interm from the P and dS it holds, in dkv_interm's K order, and no dkv_interm
+// kernel runs. dq and d_sink are the same product either way; dkv against the float64 reference, and against
+// dkv_impl 3's bits (the same bf16 operands summed in the same order by the same MMA instruction family).
+TEST(E2E, FusedDkvKeepsTheIntermKernelsBits) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  if (shared_runtime().plan(make_problem(BackendKind::Cuda, kNanEmptyToken))->info().target != "sm_90a")
+    GTEST_SKIP() << "dkv_impl 4 needs sm_90a";
+  for (const Case& c : {Case{300, 64, 900, 160, 0, true, ref::TopkKind::Benchmark},
+                        Case{257, 64, 1300, 512, 128, true, ref::TopkKind::Benchmark},
+                        Case{63, 64, 600, 640, 160, false, ref::TopkKind::Uniform, true, true}}) {
+    SCOPED_TRACE(describe(c));
+    const ref::Inputs in = make_case_inputs(c, 92);
+    const Problem p = make_problem(BackendKind::Cuda, c);
+    const ref::Grads g = ref::backward(in);
+    {
+      auto run = [&](int dkv_impl) {
+        TileConfig cfg;
+        cfg.dq_impl = 3, cfg.dkv_impl = dkv_impl;
+        auto plan = shared_runtime().plan(p, cfg);
+        const std::vector<float> lse = case_lse(c, in);
+        tools::CaseRunner cr(p, in, &lse);
+        return run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+      };
+      const tools::Outputs unfused = run(3), fused = run(4);
+      expect_same_bits(unfused, fused);
+      expect_bar("dq (dkv_impl 4)", ref::compare(g.dq, fused.dq.data(), g.dq.size()));
+      expect_bar("dkv (dkv_impl 4)", ref::compare(g.dkv, fused.dkv.data(), g.dkv.size()));
+    }
+  }
+}
+
 // The tiles the planner gives an A100 (sm_80: 163 KB of shared memory), run here on the mma.sync bodies: no sm_8x GPU
 // is at hand, this is how they are checked.
 TEST(E2E, TheA100TilesOnThisGpu) {

@@ -133,10 +133,11 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
   const auto specs = cuda_all_kernels(shapes);
   std::set<std::string> entries;
   int wgmma_dq = 0, mma_dq = 0;
-  std::set<long long> wgmma_dkv_heads, mma_dkv_heads;
+  std::set<long long> wgmma_dkv_heads, mma_dkv_heads, fused_dq_heads;
   for (const auto& k : specs) {
     entries.insert(k.entry);
     if (k.entry == "smla_dq") ++(has_define(k, "DQ_WGMMA", 1) ? wgmma_dq : mma_dq);
+    if (has_define(k, "DQW_INTERM", 1)) fused_dq_heads.insert(define_of(k, "HEADS"));
     if (k.entry == "smla_dkv_interm")
       (has_define(k, "DKV_WGMMA", 1) ? wgmma_dkv_heads : mma_dkv_heads).insert(define_of(k, "HEADS"));
   }
@@ -145,9 +146,11 @@ TEST(NvrtcOffline, EveryPlannerVariantCompilesForSm90a) {
     EXPECT_TRUE(entries.count(e)) << e << " is never planned";
   EXPECT_GT(wgmma_dq, 0);
   EXPECT_GT(mma_dq, 0);
-  // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one.
+  // Every H of the planner shapes with the mma.sync dkv body, every H % 32 == 0 with the wgmma one but 64, where dq
+  // writes interm on sm_90a (dkv_impl 4: no dkv_interm kernel).
   EXPECT_EQ(mma_dkv_heads, (std::set<long long>{16, 32, 64, 128}));
-  EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 64, 128}));
+  EXPECT_EQ(wgmma_dkv_heads, (std::set<long long>{32, 128}));
+  EXPECT_EQ(fused_dq_heads, (std::set<long long>{64}));
   EXPECT_GE(compile_all("sm_90a", specs), 4);  // dq and dkv_interm wgmma bodies, at several H
 }
 
@@ -214,7 +217,8 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
         EXPECT_TRUE(has_define(d, "DQW_PRODUCER", 1)) << "H " << H << " top-k " << topk;
         return has_define(d, "DQW_PERSIST", 1);
       };
-      EXPECT_EQ(persistent(nullptr), topk <= 256) << "H " << H << " top-k " << topk;
+      // (H 64: the planner's fused dkv, which runs in dq_impl 3's body)
+      EXPECT_EQ(persistent(nullptr), topk <= 256 && H != 64) << "H " << H << " top-k " << topk;
       if (topk % 32 == 0) {
         p.r_chunk = topk / 2;  // two chunks: the fp32 carry
         EXPECT_FALSE(persistent(nullptr)) << "H " << H << " top-k " << topk << " in two chunks";
@@ -243,6 +247,7 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_TRUE(has_define(dq_of(shape_with_config(p, nullptr, budget, "sm_90a")), "DQW_PRODUCER", 1));
   TileConfig c;
   std::vector<KernelSpec> specs;
+  c.dkv_impl = 3;  // (at H 64 the planner would fuse dkv into dq_impl 3: FusedDkvIsPlannedIntoDqAndCompiles)
   for (int impl : {2, 3, 4})
     for (int64_t H : {64, 128}) {
       c.dq_impl = impl;
@@ -310,6 +315,69 @@ TEST(NvrtcOffline, BothWgmmaDkvBodiesArePlannableAndCompile) {
   EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
 }
 
+// dkv_impl 4 (fused into dq, H 64): the dq body gets DQW_INTERM and the interm staging's shared memory, runs as
+// dq_impl 3 (the planner's dq_impl 4 at a short top-k gives way; dq_impl 4 asked for is refused), no dkv_interm kernel
+// is planned, and the body compiles for sm_90a with no local memory and no serialized wgmma; where it cannot run
+// (H 128, another target, dq_impl 2) it is a clear error.
+TEST(NvrtcOffline, FusedDkvIsPlannedIntoDqAndCompiles) {
+  Problem p;
+  p.T = 4096, p.H = 64, p.num_kv = 5120, p.topk = 640, p.has_sink = true;
+  const size_t budget = runtime_env().interm_budget;
+  TileConfig c;
+  c.dkv_impl = 4;
+  std::vector<KernelSpec> specs;
+  for (int64_t topk : {640, 160}) {  // dq_impl 3 by the planner; dq_impl 4 by the planner without the fusion
+    p.topk = topk;
+    const ShapeInfo s = shape_with_config(p, &c, budget, "sm_90a");
+    std::string why;
+    ASSERT_TRUE(cuda_shape_supported(s, &why)) << why;
+    const KernelSpec k = launch_of(Phase::Dq, s);
+    EXPECT_TRUE(has_define(k, "DQW_INTERM", 1)) << "top-k " << topk;
+    EXPECT_TRUE(has_define(k, "DQW_PRODUCER", 1)) << "top-k " << topk;
+    EXPECT_FALSE(has_define(k, "DQW_PERSIST", 1)) << "top-k " << topk;
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32, true));
+    EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32) + smla_dq_interm_extra_bytes(32));
+    EXPECT_LE(k.smem_bytes, 227u * 1024u);
+    EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, s).empty()) << "dq writes interm";
+    EXPECT_FALSE(cuda_phase_kernels(Phase::Gather, s).empty());
+    // The planner's choice at H 64 on sm_90a; with the dkv_interm body asked for, dq is its own again (persistent up to
+    // 256 slots), and so it is where the caller asks for dq_impl 4 or a dkv tile.
+    EXPECT_EQ(launch_of(Phase::Dq, shape_with_config(p, nullptr, budget, "sm_90a")).defines, k.defines);
+    EXPECT_EQ(cuda_dkv_impl(shape_with_config(p, nullptr, budget, "sm_90a")), 4);
+    TileConfig three;
+    three.dkv_impl = 3;
+    const KernelSpec unfused = launch_of(Phase::Dq, shape_with_config(p, &three, budget, "sm_90a"));
+    EXPECT_FALSE(has_define(unfused, "DQW_INTERM", 1));
+    EXPECT_EQ(has_define(unfused, "DQW_PERSIST", 1), topk <= 256);
+    TileConfig dq4, tile;
+    dq4.dq_impl = 4;
+    tile.dkv_block_d = 256;
+    for (const TileConfig* other : {&dq4, &tile}) {
+      const ShapeInfo o = shape_with_config(p, other, budget, "sm_90a");
+      EXPECT_NE(cuda_dkv_impl(o), 4);
+      EXPECT_FALSE(has_define(launch_of(Phase::Dq, o), "DQW_INTERM", 1));
+      EXPECT_EQ(cuda_phase_kernels(Phase::DkvInterm, o).size(), 1u);
+    }
+    if (specs.empty()) specs.push_back(k);
+    EXPECT_EQ(k.defines, specs[0].defines) << "no top-k is compiled in";
+  }
+  EXPECT_EQ(compile_all("sm_90a", specs), 1);  // its ptxas report checked
+  std::string why;
+  const auto refused = [&](const TileConfig& cfg, const char* target, const std::string& want) {
+    EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &cfg, budget, target), &why)) << want;
+    EXPECT_NE(why.find(want), std::string::npos) << why;
+  };
+  p.H = 128;
+  refused(c, "sm_90a", "dkv_impl = 4 (fused into dq) needs H == 64");
+  p.H = 64;
+  refused(c, "sm_80", "dkv_impl = 4 (fused into dq) needs an sm_90a target");
+  for (int dq : {2, 4}) {
+    TileConfig d = c;
+    d.dq_impl = dq;
+    refused(d, "sm_90a", "dkv_impl = 4 (fused into dq) needs dq_impl 3 (dq_impl = " + std::to_string(dq) + ")");
+  }
+}
+
 TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   Problem p;
   p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512, p.has_sink = true;
@@ -351,13 +419,17 @@ TEST(NvrtcOffline, DkvBodyFollowsTheTargetAndTheShape) {
   k = dkv_of(shape_with_config(p, &tiles, budget, "sm_90a"));
   EXPECT_EQ(define_of(k, "DKV_WGMMA"), -1);
   EXPECT_EQ(define_of(k, "BLOCK_D"), 128);
-  // H = 64 with chunks of 8 tiles or more: the producer body (measured faster there); shorter chunks: dkv_impl 2.
+  // H = 64: dq writes interm (dkv_impl 4, no dkv_interm kernel). Where the caller keeps dq from it (dq_impl 4), with
+  // chunks of 8 tiles or more the producer body (measured faster there); shorter chunks: dkv_impl 2.
   p.H = 64, p.topk = 640;
-  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  EXPECT_TRUE(cuda_phase_kernels(Phase::DkvInterm, shape_with_config(p, nullptr, budget, "sm_90a")).empty());
+  TileConfig dq4;
+  dq4.dq_impl = 4;
+  k = dkv_of(shape_with_config(p, &dq4, budget, "sm_90a"));
   EXPECT_TRUE(has_define(k, "DKW_PRODUCER", 1));
   EXPECT_EQ(k.block.x, 384u);
   p.topk = 160;
-  k = dkv_of(shape_with_config(p, nullptr, budget, "sm_90a"));
+  k = dkv_of(shape_with_config(p, &dq4, budget, "sm_90a"));
   EXPECT_TRUE(has_define(k, "DKV_WGMMA", 1));
   EXPECT_FALSE(has_define(k, "DKW_PRODUCER", 1));
   p.topk = 512;
@@ -408,11 +480,12 @@ TEST(NvrtcOffline, DkvWgmmaWhereItCannotRunIsAClearError) {
   expect_unsupported(h16, c3, "sm_90a", "dkv_impl = 3 (wgmma) needs H a multiple of 32");
   c3.dkv_block_d = 128;
   expect_unsupported(p, c3, "sm_90a", "dkv_impl = 3 (wgmma) has one tile, 64 x 256");
-  for (int bad : {4, -1}) {
+  for (int bad : {5, -1}) {
     TileConfig t;
     t.dkv_impl = bad;
     expect_unsupported(p, t, "sm_90a",
-                       "dkv_impl = " + std::to_string(bad) + " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3");
+                       "dkv_impl = " + std::to_string(bad) +
+                           " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4");
   }
   // The mma.sync tile rules still apply to the mma.sync body.
   TileConfig m;

@@ -341,7 +341,33 @@ TEST(Planner, WorkspaceRegionsAreAlignedDisjointAndSized) {
     EXPECT_EQ(reinterpret_cast<char*>(prm.interm), base + w.interm.offset);
     EXPECT_EQ(reinterpret_cast<char*>(prm.row_ptr), base + w.row_ptr.offset);
     EXPECT_EQ(prm.dq_acc == nullptr, rc == 512);
+    EXPECT_EQ(w.ds.bytes, size_t(4096) * rc * 128 * 2);
+    EXPECT_EQ(w.pm.bytes, w.ds.bytes);
   }
+}
+
+// dkv_impl 4 on sm_90a (dq writes interm): no P or dS regions, everything else as before, and the workspace smaller
+// by them; the same request on another target (where it is not the fused path) keeps them.
+TEST(Planner, FusedDkvLeavesPAndDsOutOfTheWorkspace) {
+  Problem p = seed_problem();
+  p.H = 64, p.topk = 640;
+  ShapeInfo s = choose_shape(p, size_t(4) << 30);
+  s.sm90a = true;
+  const WorkspaceLayout unfused = layout_workspace(s);
+  s.dkv_impl = 4;
+  const WorkspaceLayout fused = layout_workspace(s);
+  EXPECT_EQ(fused.ds.bytes, 0u);
+  EXPECT_EQ(fused.pm.bytes, 0u);
+  EXPECT_EQ(unfused.ds.bytes, size_t(4096) * 640 * 64 * 2);
+  EXPECT_EQ(fused.interm.bytes, unfused.interm.bytes);
+  EXPECT_EQ(fused.total, unfused.total - unfused.ds.bytes - unfused.pm.bytes);
+  SmlaParams prm{};
+  fused.place(reinterpret_cast<char*>(0x100000), prm);
+  EXPECT_EQ(prm.ds, nullptr);
+  EXPECT_EQ(prm.pm, nullptr);
+  EXPECT_NE(prm.interm, nullptr);
+  s.sm90a = false;  // a CPU or AMD plan: dkv_impl is not theirs to fuse
+  EXPECT_EQ(layout_workspace(s).ds.bytes, unfused.ds.bytes);
 }
 
 }  // namespace

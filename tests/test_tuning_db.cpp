@@ -182,7 +182,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   auto& entries = doc["entries"];
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dkv_impl");
   entries[tuning_key("sm_90a", old_p, "v1")]["config"].erase("dq_impl");
-  entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 4;
+  entries[tuning_key("sm_90a", range_p, "v1")]["config"]["dkv_impl"] = 5;
   entries[tuning_key("sm_90a", type_p, "v1")]["config"]["dkv_impl"] = "2";
   entries[tuning_key("sm_90a", dq_range_p, "v1")] = entries[tuning_key("sm_90a", type_p, "v1")];
   entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dkv_impl"] = 2;
@@ -194,7 +194,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   EXPECT_EQ(old_c->dkv_impl, 0);
   EXPECT_EQ(old_c->dq_impl, 0);
   EXPECT_EQ(old_c->dq_block_h, 64);
-  EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 4 was accepted";
+  EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 5 was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", type_p)) << "dkv_impl = \"2\" was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", dq_range_p)) << "dq_impl = 5 was accepted";
   const auto w = db.warnings();

@@ -407,7 +407,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, smla::TileConfig::kMaxDqImpl));
   app.add_option("--dkv-impl", o.dkv_impls,
                  "dkv_interm bodies likewise: 0 the planner's choice, 1 mma.sync, 2 wgmma, 3 wgmma with a producer "
-                 "warpgroup (with several --dq-impl: every pair)")
+                 "warpgroup, 4 fused into dq (H 64, with dq_impl 3: dq writes interm, no dkv_interm kernel) (with "
+                 "several --dq-impl: every pair)")
       ->delimiter(',')
       ->transform(smla::tools::decimal(o.dkv_impls))
       ->check(CLI::Range(0, smla::TileConfig::kMaxDkvImpl));

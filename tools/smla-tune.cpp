@@ -68,18 +68,23 @@ long long define_of(const smla::KernelSpec& k, const char* name) {
 smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, size_t budget, const std::string& target) {
   const smla::ShapeInfo s = smla::shape_with_config(p, &cfg, budget, target);
   const smla::KernelSpec dq = smla::cuda_phase_kernels(smla::Phase::Dq, s).at(0);
-  const smla::KernelSpec dkv = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s).at(0);
+  const std::vector<smla::KernelSpec> dkvs = smla::cuda_phase_kernels(smla::Phase::DkvInterm, s);
   smla::TileConfig r;
   r.dq_block_h = int(define_of(dq, "BLOCK_H"));
   r.dq_block_r = int(define_of(dq, "BLOCK_R"));
-  r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
-  r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
+  if (dkvs.empty()) {  // dkv_impl 4: dq writes interm (DQW_INTERM), no dkv_interm kernel and no dkv tile
+    r.dkv_impl = 4;
+  } else {
+    const smla::KernelSpec& dkv = dkvs.front();
+    r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
+    r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
+    r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
+  }
   r.r_chunk = s.r_chunk;
   r.dq_impl = define_of(dq, "DQW_PERSIST")    ? 4
               : define_of(dq, "DQW_PRODUCER") ? 3
               : define_of(dq, "DQ_WGMMA")     ? 2
                                               : 1;
-  r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
   return r;
 }
 
@@ -110,8 +115,9 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
     for (int impl : {3, 4, 2, 1})  // dq body: wgmma with a producer, the same persistent (faster than 3 only at small
                                    // top-k: perf notes v15), wgmma without a producer (sm_90a only; one tile, 64 x 32),
                                    // mma.sync
-      for (int dimpl : {3, 2, 1})  // dkv body: wgmma with and without a producer (sm_90a, H % 32 == 0; only their
-                                     // 64 x 256 tile passes), mma.sync
+      for (int dimpl : {4, 3, 2, 1})  // dkv body: fused into dq (sm_90a, H 64, dq_impl 3; no dkv tile), wgmma with
+                                        // and without a producer (sm_90a, H % 32 == 0; only their 64 x 256 tile
+                                        // passes), mma.sync
         for (int bh : {16, 32, 64})
           for (int br : {32, 64})
             for (int kr : {32, 64, 128})
@@ -120,7 +126,10 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
                 c.cfg = smla::TileConfig{bh, br, kr, kd, rc, impl, dimpl};
                 if (!smla::cuda_shape_supported(smla::shape_with_config(p, &c.cfg, budget, target), nullptr)) continue;
                 c.resolved = resolve(p, c.cfg, budget, target);
-                if (c.resolved == h.resolved) continue;  // the heuristic is already in
+                // Each resolved config once (the heuristic's included): the fused dkv has no dkv tile, so every kr x
+                // kd of it is the same plan.
+                if (std::any_of(out.begin(), out.end(), [&](const Candidate& o) { return o.resolved == c.resolved; }))
+                  continue;
                 out.push_back(c);
               }
   }

@@ -177,18 +177,22 @@ struct TileConfig {
   int64_t r_chunk = 0;  ///< overrides Problem::r_chunk when nonzero
   /// dq body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA (sm_90a, H % 64 == 0),
   /// 3 = warpgroup MMA with a producer warpgroup issuing the kv copies (same constraints as 2; the planner's choice
-  /// on sm_90a where the top-k has several chunks or more than 256 slots), 4 = 3 made persistent (one block an SM
-  /// takes the (token, 64 heads) blocks in turn, the next block's Q and dO copied while this one finishes, its empty
-  /// tiles skipped as 3 does; same constraints; the planner's choice on sm_90a where the top-k is one chunk of 256
-  /// slots or fewer: measured 7% faster end to end than 3 at TOPK 160 and 6% at 256 on the H200, even or slower from
+  /// on sm_90a where the top-k has several chunks or more than 256 slots, and at H 64 with the fused dkv_impl 4),
+  /// 4 = 3 made persistent (one block an SM takes the (token, 64 heads) blocks in turn, the next block's Q and dO
+  /// copied while this one finishes, its empty tiles skipped as 3 does; same constraints; the planner's choice on
+  /// sm_90a at H 128 where the top-k is one chunk of 256 slots or fewer: measured 7% faster end to end than 3 at TOPK 160 and 6% at 256 on the H200, even or slower from
   /// 320 up, outputs bitwise 3's (perf notes v28)).
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256), 3 = warpgroup MMA with a producer warpgroup issuing the copies
-  /// and one 64 x 256 tile per consumer warpgroup (same constraints as 2).
+  /// and one 64 x 256 tile per consumer warpgroup (same constraints as 2), 4 = fused into dq: the dq body
+  /// writes each slot's interm row from the P and dS it holds in shared memory, and no dkv_interm kernel runs
+  /// (sm_90a, H == 64, where one dq block holds every head of its token, with dq_impl 3; P and dS never reach memory,
+  /// and the workspace is smaller by them). The planner's choice at H 64 on sm_90a unless the caller names another dq
+  /// or dkv body or a dkv tile: 14-15% faster end to end on an H100 (perf notes v29); outputs bitwise dkv_impl 3's.
   int dkv_impl = 0;
   /// The largest dq_impl and dkv_impl (the bodies above): what the planner, the tuning database and the tools accept.
-  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 3;
+  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 4;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
            dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl && dkv_impl == o.dkv_impl;

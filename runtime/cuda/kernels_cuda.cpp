@@ -55,6 +55,8 @@ constexpr int kDkvWgmmaBlockR = SMLA_DKV_WGMMA_ROWS, kDkvWgmmaBlockD = SMLA_DKV_
 constexpr int kDkvWgmmaProducerWarps = 12;
 constexpr int kDkvWgmmaHeads = 32;
 bool is_wgmma_dkv(int dkv_impl) { return dkv_impl == 2 || dkv_impl == 3; }
+// dkv_impl 4: no dkv_interm kernel; the dq body writes interm (dq_wgmma.cuh's DQW_INTERM).
+bool is_fused_dkv(int dkv_impl) { return dkv_impl == 4; }
 
 // dq's shared memory: Q, dO and kv as common.cuh lays them out, then the dS and P tiles stored
 // transposed ([BLOCK_R][BLOCK_H + pad], see kernel_src/dq.cu), then the kv row flags.
@@ -79,7 +81,17 @@ Tiles tiles_of(const ShapeInfo& s) {
   // H100 (perf notes v28). Not with several chunks: an earlier chunk's fp32 carry leaves dq_impl 4's epilogue as
   // fragment stores (its Q and dO buffers may already hold the next block's rows), which v16 found store-bound.
   const bool persist_dq = s.n_chunks == 1 && s.r_chunk <= 8 * kWgmmaBlockR;
-  t.dq_impl = s.dq_impl ? s.dq_impl : (s.sm90a && wgmma_fits ? (persist_dq ? 4 : 3) : 1);
+  // dkv_impl 4 (dq writes interm; no dkv_interm kernel) where one dq block holds every head of its token (H 64) and the
+  // caller asked for no other dq or dkv body or dkv tile: 14-15% faster end to end than dq_impl 3 or 4 with dkv_interm
+  // at 4096,64,5120,640 / 160 and 4096,64,8192,2048 on the H100 (perf notes v29). It runs in dq_impl 3's body only
+  // (dq_wgmma.cuh: dq_impl 4's consumers spill with it).
+  const bool fused_dkv =
+      s.dkv_impl == 4 || (s.dkv_impl == 0 && s.sm90a && wgmma_fits && s.H == kWgmmaBlockH &&
+                          (s.dq_impl == 0 || s.dq_impl == 3) && s.dkv_block_r == 0 && s.dkv_block_d == 0);
+  t.dq_impl = s.dq_impl                 ? s.dq_impl
+              : !(s.sm90a && wgmma_fits) ? 1
+              : persist_dq && !fused_dkv ? 4
+                                         : 3;
   t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
   t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
   // mma.sync on a target with less shared memory than Hopper (an A100's 163 KB): fewer heads a block, while they
@@ -102,7 +114,7 @@ Tiles tiles_of(const ShapeInfo& s) {
   // in three calls). At H 128 it was even or slower (seed 0.99-1.00, T 8192 1.00, TOPK 1152 0.99 of dkv_impl 2's
   // dkv_interm time; TOPK 160, three tiles a chunk: 1.14-1.25), so dkv_impl 2 stays there (docs/perf-notes.md v10).
   const bool dkv_producer = s.H == 64 && s.r_chunk >= 8 * kDkvWgmmaBlockR;
-  t.dkv_impl = s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
+  t.dkv_impl = fused_dkv ? 4 : s.dkv_impl ? s.dkv_impl : (s.sm90a && dkv_wgmma_fits ? (dkv_producer ? 3 : 2) : 1);
   t.dkv_block_r = s.dkv_block_r ? s.dkv_block_r : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockR : 64;
   t.dkv_block_d = s.dkv_block_d ? s.dkv_block_d : is_wgmma_dkv(t.dkv_impl) ? kDkvWgmmaBlockD : 256;
   // mma.sync with less shared memory: narrower column blocks first (they keep the rows a block shares), then fewer
@@ -119,10 +131,12 @@ Tiles tiles_of(const ShapeInfo& s) {
 }
 
 unsigned dq_smem_of(const Tiles& t) {
-  return is_wgmma_dq(t.dq_impl) ? smla_dq_wgmma_smem_bytes(t.dq_block_r) : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
+  return is_wgmma_dq(t.dq_impl) ? smla_dq_wgmma_smem_bytes(t.dq_block_r, is_fused_dkv(t.dkv_impl))
+                                : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
 }
 
 unsigned dkv_smem_of(const Tiles& t, int H) {
+  if (is_fused_dkv(t.dkv_impl)) return 0;
   return is_wgmma_dkv(t.dkv_impl) ? smla_dkv_wgmma_smem_bytes(H, t.dkv_impl == 3)
                                   : smla_dkv_smem_bytes(H, t.dkv_block_r, t.dkv_block_d);
 }
@@ -160,7 +174,12 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   // dkv_interm
   if (t.dkv_impl < 1 || t.dkv_impl > TileConfig::kMaxDkvImpl)
     e << "dkv_impl = " << t.dkv_impl
-      << " must be 0 (default), 1 (mma.sync), 2 (wgmma) or 3 (wgmma, producer warpgroup); ";
+      << " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4 (fused into dq); ";
+  if (is_fused_dkv(t.dkv_impl)) {
+    if (!s.sm90a) e << "dkv_impl = 4 (fused into dq) needs an sm_90a target; ";
+    if (s.H != 64) e << "dkv_impl = 4 (fused into dq) needs H == 64, a dq block holding every head (H = " << s.H << "); ";
+    if (t.dq_impl != 3) e << "dkv_impl = 4 (fused into dq) needs dq_impl 3 (dq_impl = " << t.dq_impl << "); ";
+  }
   if (is_wgmma_dkv(t.dkv_impl)) {
     const std::string what = "dkv_impl = " + std::to_string(t.dkv_impl) + " (wgmma)";
     if (!s.sm90a) e << what << " needs an sm_90a target; ";
@@ -214,6 +233,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
       if (is_producer_dq(t.dq_impl)) d.emplace_back("DQW_PRODUCER", 1);
       if (t.dq_impl == 4) d.emplace_back("DQW_PERSIST", 1);
+      if (is_fused_dkv(t.dkv_impl)) d.emplace_back("DQW_INTERM", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
       // dq_impl 4: one dimension of T * H / 64 blocks of work, launched as at most one block an SM.
       const Dim3 grid = t.dq_impl == 4 ? grid_xy(static_cast<unsigned>(s.T) * (s.H / t.dq_block_h))
@@ -224,6 +244,7 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       return {k};
     }
     case Phase::DkvInterm: {
+      if (is_fused_dkv(t.dkv_impl)) return {};  // dq wrote interm
       std::vector<std::pair<std::string, long long>> d{{"HEADS", s.H},
                                                        {"BLOCK_R", t.dkv_block_r},
                                                        {"BLOCK_D", t.dkv_block_d},
@@ -266,6 +287,8 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
   }
   throw Error(Status::Internal, "unknown phase", __FILE__, __LINE__, "cuda_phase_kernels");
 }
+
+int cuda_dkv_impl(const ShapeInfo& s) { return tiles_of(s).dkv_impl; }
 
 long long cuda_csr_scratch_bytes(const ShapeInfo& s) {
   // csr.cu's layout in csr_hist: bins [passes][digits], the tile counters (kCsrCtrInts), look-back

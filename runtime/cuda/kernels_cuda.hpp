@@ -20,6 +20,10 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s);
 /// (first occurrence's geometry kept), for offline compile tests and warm-up.
 std::vector<KernelSpec> cuda_all_kernels(const std::vector<ShapeInfo>& shapes);
 
+/// The dkv body the planner takes for this shape (TileConfig::dkv_impl's numbering; 4: dq writes interm, no
+/// dkv_interm kernel, no P or dS in the workspace).
+int cuda_dkv_impl(const ShapeInfo& s);
+
 /// Bytes of csr's sort scratch (bins, tile counters, look-back) in the csr_hist region for this shape.
 long long cuda_csr_scratch_bytes(const ShapeInfo& s);
 
