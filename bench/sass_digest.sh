@@ -7,7 +7,7 @@
 #
 # The kernels are the ones the planner launches for the shapes (default: the seed, 4096,128,4128,160 and
 # 4096,64,5120,640, sink on), as `smla-warmup --dry-run --json` lists them, plus each producer dq body in its persistent
-# form (DQW_PERSIST, dq_impl 4). Each is compiled with nvcc -cubin and the runtime's defines (the runtime uses NVRTC;
+# form (DQW_PERSIST, dq_impl 4; not the fused interm's, DQW_INTERM, which has none). Each is compiled with nvcc -cubin and the runtime's defines (the runtime uses NVRTC;
 # the same ptxas, so the two agree on whether a change moved anything, not necessarily on the code itself). Prints, a
 # line a kernel: the tag, the digest, the instruction count and ptxas's register and spill report. DIR (default a
 # temporary directory) keeps the cubins, the SASS and ptxas's output.
@@ -52,7 +52,8 @@ for k in json.load(open(sys.argv[1]))["kernels"]:
         continue
     pieces = k["tag"].split("-")
     units.setdefault((k["kernel"], frozenset(pieces)), k["tag"])
-    if k["kernel"] == "dq" and "DQW_PRODUCER1" in pieces and "DQW_PERSIST1" not in pieces:
+    # (the persistent form of each producer body, but the fused interm's: dq_wgmma.cuh refuses that pair)
+    if k["kernel"] == "dq" and "DQW_PRODUCER1" in pieces and not {"DQW_PERSIST1", "DQW_INTERM1"} & set(pieces):
         units.setdefault(("dq", frozenset(pieces + ["DQW_PERSIST1"])), k["tag"] + "-DQW_PERSIST1")
 for (stem, _), tag in sorted(units.items(), key=lambda u: (u[0][0], u[1])):
     print(stem, tag)

@@ -83,7 +83,7 @@
 #define DQW_INTERM 0  // 1 (dkv_impl 4): interm rows written here, not P and dS (see dqw_interm_pair)
 #endif
 #if DQW_INTERM && (!DQW_PRODUCER || DQW_PERSIST || HEADS != 64)
-// (dq_impl 4's consumers, at setmaxnreg 208, spilled 24 bytes with it: compiled here, not planned.)
+// (dq_impl 4's consumers, at setmaxnreg 208, spill with it: 516 bytes, and ptxas serializes the wgmma; not planned.)
 #error "the fused interm needs the producer body (dq_impl 3) and H 64 (a block holds every head of its token)"
 #endif
 #if DQW_PERSIST && !DQW_PRODUCER
@@ -400,9 +400,9 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* 
 // rounds of 32 columns through the warp's staging: stmatrix into the 1 KB of sPf that the warp itself writes in the
 // next tile's S/dP exchange (so no other warp touches it until this one is through), then 16-byte stores, a row's 64
 // bytes by four lanes. (Straight from the fragments, 4-byte stores 16 bytes to a row a warp instruction, the stores
-// were a fifth of the kernel's samples, waiting on the memory pipe, on the H100: perf notes v29.) Per 64 slots each warpgroup issues 16 m64n128k16 (6 KB of shared-memory operands each)
-// where per-tile m64n32 blocks of interm^T took 64 m64n32k16 (3 KB each), measured 26% slower end to end at
-// V4-Flash than dkv_interm (perf notes v29).
+// were a fifth of the kernel's samples, waiting on the memory pipe, on the H100: perf notes v29.) Per 64 slots each
+// warpgroup issues 16 m64n128k16 (6 KB of shared-memory operands each) where per-tile m64n32 blocks of interm^T took
+// 64 m64n32k16 (3 KB each), measured 26% slower end to end at V4-Flash than dkv_interm (perf notes v29).
 __device__ __forceinline__ void dqw_interm_issue(float (&ia)[64], unsigned aq, unsigned ado, unsigned ads, unsigned ap,
                                                  int chunk) {
   smla_fence_regs(ia);
@@ -418,18 +418,22 @@ __device__ __forceinline__ void dqw_interm_issue(float (&ia)[64], unsigned aq, u
   smla_wgmma_commit();
 }
 
-// The pair `pair`'s interm rows (slots 64 pair ..; those at or past `end`, the run's or the chunk's end, not stored):
-// this warpgroup's columns in two passes, issued after the tile's dQ group; `stg`: the shared address of the warp's
-// staging rows 0-7 (8 - 15 at + 2048), 64 bytes each, the 16-byte piece m of row r at m ^ ((r / 2) % 4). dq_done() runs once the dQ group is
-// complete (groups complete in order: at the first wait that leaves only an interm group in flight), so that the kv
-// buffer goes back to the producer before the interm work. Fragment ia[4 i + 2 half + e] is slot 16 warp + lane / 4 +
-// 8 half, column 8 i + 2 (lane % 4) + e of the pass's 128.
 // 16 bytes from shared memory by address.
 __device__ __forceinline__ uint4 dqw_ld_shared16(unsigned addr) {
   uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
   return v;
 }
+
+// The pair `pair`'s interm rows (slots 64 pair ..; those at or past `end`, the run's or the chunk's end, not stored):
+// this warpgroup's columns in two passes, issued after the tile's dQ group; `stg`: the shared address of the warp's
+// staging rows 0-7 (8 - 15 at + 2048), 64 bytes each, the 16-byte piece m of row r at m ^ ((r / 2) % 4). dq_done()
+// runs once the dQ group is complete (groups complete in order: at the first wait that leaves only an interm group in
+// flight), so that the kv buffer goes back to the producer before the interm work. Fragment ia[4 i + 2 half + e] is
+// slot 16 warp + lane / 4 + 8 half, column 8 i + 2 (lane % 4) + e of the pass's 128.
 
 template <class F>
 __device__ __forceinline__ void dqw_interm_pair(const SmlaParams& p, unsigned aq, unsigned ado, unsigned ads,
