@@ -7,8 +7,9 @@
 #
 # The kernels are the ones the planner launches for the shapes (default: the seed, 4096,128,4128,160 and
 # 4096,64,5120,640, sink on), as `smla-warmup --dry-run --json` lists them, plus each producer dq body in its persistent
-# form (DQW_PERSIST, dq_impl 4; not the fused interm's, DQW_INTERM, which has none). Each is compiled with nvcc -cubin and the runtime's defines (the runtime uses NVRTC;
-# the same ptxas, so the two agree on whether a change moved anything, not necessarily on the code itself). Prints, a
+# form (DQW_PERSIST, dq_impl 4; not the fused interm's, DQW_INTERM, which has none). Each is compiled with nvcc -cubin
+# and the runtime's defines (the runtime uses NVRTC; the same ptxas, so the two agree on whether a change moved
+# anything, not necessarily on the code itself). Prints, a
 # line a kernel: the tag, the digest, the instruction count and ptxas's register and spill report. DIR (default a
 # temporary directory) keeps the cubins, the SASS and ptxas's output.
 # Needs cuobjdump and nvdisasm (not in every toolkit install: CUOBJDUMP=/path/to/cuobjdump, else on PATH, else the
