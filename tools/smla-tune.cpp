@@ -72,13 +72,10 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
   smla::TileConfig r;
   r.dq_block_h = int(define_of(dq, "BLOCK_H"));
   r.dq_block_r = int(define_of(dq, "BLOCK_R"));
-  if (dkvs.empty()) {  // dkv_impl 4: dq writes interm (DQW_INTERM), no dkv_interm kernel and no dkv tile
-    r.dkv_impl = 4;
-  } else {
-    const smla::KernelSpec& dkv = dkvs.front();
-    r.dkv_block_r = int(define_of(dkv, "BLOCK_R"));
-    r.dkv_block_d = int(define_of(dkv, "BLOCK_D"));
-    r.dkv_impl = define_of(dkv, "DKW_PRODUCER") ? 3 : define_of(dkv, "DKV_WGMMA") ? 2 : 1;
+  r.dkv_impl = smla::cuda_dkv_impl(s);
+  if (!dkvs.empty()) {  // (dkv_impl 4: dq writes interm, no dkv_interm kernel and no dkv tile)
+    r.dkv_block_r = int(define_of(dkvs.front(), "BLOCK_R"));
+    r.dkv_block_d = int(define_of(dkvs.front(), "BLOCK_D"));
   }
   r.r_chunk = s.r_chunk;
   r.dq_impl = define_of(dq, "DQW_PERSIST")    ? 4

@@ -180,8 +180,8 @@ struct TileConfig {
   /// on sm_90a where the top-k has several chunks or more than 256 slots, and at H 64 with the fused dkv_impl 4),
   /// 4 = 3 made persistent (one block an SM takes the (token, 64 heads) blocks in turn, the next block's Q and dO
   /// copied while this one finishes, its empty tiles skipped as 3 does; same constraints; the planner's choice on
-  /// sm_90a at H 128 where the top-k is one chunk of 256 slots or fewer: measured 7% faster end to end than 3 at TOPK 160 and 6% at 256 on the H200, even or slower from
-  /// 320 up, outputs bitwise 3's (perf notes v28)).
+  /// sm_90a at H 128 where the top-k is one chunk of 256 slots or fewer: measured 7% faster end to end than 3 at
+  /// TOPK 160 and 6% at 256 on the H200, even or slower from 320 up, outputs bitwise 3's (perf notes v28)).
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256), 3 = warpgroup MMA with a producer warpgroup issuing the copies
