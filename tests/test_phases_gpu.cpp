@@ -137,10 +137,11 @@ void check_phases(const Case& c, uint64_t seed) {
   // CPU then runs its delta (every token) and dq/0 against each such GPU launch group, and delta/lse_n are compared
   // over that group's tokens.
   const bool gpu_delta = std::any_of(gg.begin(), gg.end(), [](const auto& x) { return x.first.rfind("delta/", 0) == 0; });
-  const auto gpu_dq_groups = std::count_if(gg.begin(), gg.end(), [](const auto& x) { return x.first.rfind("dq/", 0) == 0; });
+  const size_t gpu_dq_groups =
+      size_t(std::count_if(gg.begin(), gg.end(), [](const auto& x) { return x.first.rfind("dq/", 0) == 0; }));
   EXPECT_EQ(fused_dkv, c.H == 64 && gplan->info().target == "sm_90a")
       << "the planner fuses dkv into dq exactly where a block holds every head, on sm_90a";
-  ASSERT_EQ(gg.size() + (gpu_delta ? 0 : 1) + (fused_dkv ? size_t(gpu_dq_groups) : 0), hg.size());
+  ASSERT_EQ(gg.size() + (gpu_delta ? 0 : 1) + (fused_dkv ? gpu_dq_groups : 0), hg.size());
   std::vector<size_t> cpu_delta;
   for (size_t i = 0; i < cplan->steps_.size(); ++i)
     if (cplan->steps_[i].phase == Phase::Delta) cpu_delta.push_back(i);
