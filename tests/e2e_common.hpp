@@ -128,6 +128,13 @@ inline tools::Outputs run_poisoned(const Plan& plan, tools::CaseRunner& cr, void
   return cr.read_outputs();
 }
 
+/// One poisoned run of `plan` (planned for p, case c) on c's inputs, with c's lse, in a workspace of the plan's size.
+inline tools::Outputs run_case(const Plan& plan, const Problem& p, const Case& c, const ref::Inputs& in) {
+  const std::vector<float> lse = case_lse(c, in);
+  tools::CaseRunner cr(p, in, &lse);
+  return run_poisoned(plan, cr, cr.workspace(plan.workspace_bytes()));
+}
+
 /// Plans (with `cfg` when given) and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
 /// against the float64 reference and against each other bit for bit.
 inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const TileConfig* cfg = nullptr) {

@@ -129,9 +129,7 @@ TEST(E2E, PersistentDqKeepsTheProducerBodysBits) {
     auto run = [&](int impl) {
       TileConfig cfg;
       cfg.dq_impl = impl;
-      auto plan = shared_runtime().plan(p, cfg);
-      tools::CaseRunner cr(p, in);
-      return run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+      return run_case(*shared_runtime().plan(p, cfg), p, c, in);
     };
     const tools::Outputs three = run(3), four = run(4);
     expect_same_bits(three, four);
@@ -157,10 +155,7 @@ TEST(E2E, FusedDkvKeepsTheIntermKernelsBits) {
     auto run = [&](int dkv_impl) {
       TileConfig cfg;
       cfg.dq_impl = 3, cfg.dkv_impl = dkv_impl;
-      auto plan = shared_runtime().plan(p, cfg);
-      const std::vector<float> lse = case_lse(c, in);
-      tools::CaseRunner cr(p, in, &lse);
-      return run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+      return run_case(*shared_runtime().plan(p, cfg), p, c, in);
     };
     const tools::Outputs unfused = run(3), fused = run(4);
     expect_same_bits(unfused, fused);
@@ -193,9 +188,7 @@ void expect_token_chunks_keep_dq_bits(BackendKind b, const Case& unchunked, int 
     const Problem p = make_problem(b, c);
     auto plan = shared_runtime().plan(p);
     EXPECT_EQ(plan->info().t_chunks, tc ? (c.T + tc - 1) / tc : 1);
-    const std::vector<float> lse = case_lse(c, in);
-    tools::CaseRunner cr(p, in, &lse);
-    return run_poisoned(*plan, cr, cr.workspace(plan->workspace_bytes()));
+    return run_case(*plan, p, c, in);
   };
   const tools::Outputs one = run(0), split = run(t_chunk);
   EXPECT_TRUE(one.dq == split.dq) << "dq changed with token chunks";
