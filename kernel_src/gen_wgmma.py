@@ -41,9 +41,12 @@ __device__ __forceinline__ void smla_fence_proxy_async() { asm volatile("fence.p
 __device__ __forceinline__ char* smla_align1024(char* p) {
   return p + ((1024u - (smla_smem_addr(p) & 1023u)) & 1023u);
 }
+// The 128-byte swizzle: the byte offset, within its 128-byte row, of 16-byte piece `piece` (only its low three bits
+// count) of row `row` (copy loops that step rows by multiples of 8 compute it once).
+__device__ __forceinline__ unsigned smla_swz128_piece(int row, int piece) { return ((piece ^ row) & 7) << 4; }
 // Byte offset of element (row, col) of a [rows][64] bf16 operand block with the 128-byte swizzle.
 __device__ __forceinline__ unsigned smla_swz128(int row, int col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+  return row * 128 + smla_swz128_piece(row, col >> 3) + ((col & 7) << 1);
 }
 // Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
 template <int N>
