@@ -63,7 +63,8 @@
 // (dq_impl 3) writes interm itself instead of P and dS: sP and sDS hold two tiles, and after every second tile (and the
 // last) the consumers compute the pair's interm rows from them and from sQ / sDO (dqw_interm_pair); no dkv_interm
 // kernel runs. 8 KB more shared memory (the second tile of P and dS). Measured on an H100 (perf notes v29): dq 1.2 ->
-// 2.0 ms and dkv_interm's 1.2 ms gone at 4096,64,5120,640, -15% end to end; outputs bitwise dkv_impl 3's.
+// 2.0 ms and dkv_interm's 1.2 ms gone at 4096,64,5120,640, -15% end to end (the H200, v30: -8.5%, its dkv_interm being
+// faster); outputs bitwise dkv_impl 3's.
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // the producer body's mbarriers, named barrier and setmaxnreg
 

@@ -82,8 +82,9 @@ Tiles tiles_of(const ShapeInfo& s) {
   // fragment stores (its Q and dO buffers may already hold the next block's rows), which v16 found store-bound.
   const bool persist_dq = s.n_chunks == 1 && s.r_chunk <= 8 * kWgmmaBlockR;
   // dkv_impl 4 (dq writes interm; no dkv_interm kernel) where one dq block holds every head of its token (H 64) and the
-  // caller asked for no other dq or dkv body or dkv tile: 14-15% faster end to end than dq_impl 3 or 4 with dkv_interm
-  // at 4096,64,5120,640 / 160 and 4096,64,8192,2048 on the H100 (perf notes v29). It runs in dq_impl 3's body only
+  // caller asked for no other dq or dkv body or dkv tile: faster end to end than dq_impl 3 or 4 with dkv_interm by
+  // 14-15% on the H100 at 4096,64,5120,640 / 160 and 4096,64,8192,2048, by 8.5% (640) and 13% (160) on the H200
+  // (perf notes v29, v30). It runs in dq_impl 3's body only
   // (dq_wgmma.cuh: dq_impl 4's consumers spill with it).
   const bool fused_dkv =
       s.dkv_impl == 4 || (s.dkv_impl == 0 && s.sm90a && wgmma_fits && s.H == kWgmmaBlockH &&
