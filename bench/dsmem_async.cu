@@ -6,16 +6,18 @@
 // with st.async, which counts the bytes on the peer's mbarrier (complete_tx); the peer waits on its own mbarrier,
 // reads, and hands the buffer back by arriving on the sender's "empty" mbarrier remotely. Two buffers.
 //
-// Clusters of two CTAs, one CTA an SM (200 KB of shared memory), two warpgroups a CTA, every SM busy. Per round each
-// warpgroup of each CTA does, by mode:
-//   mma       16 wgmma m64n64k16 (K = 256, both operands in shared memory: the S or dP partial of a 64-row kv tile
-//             over half of D), then waits for them
-//   xchg      sends BYTES / 256 bytes a thread to the peer, waits for the peer's, adds them up, frees the buffer
-//   serial    mma, then xchg of that round's result: a pair without pipelining
-//   pipe      issues the next round's mma into the other accumulator set, then exchanges this round's result while it
-//             runs, then waits: the pipelined pair. If pipe ~ mma, the exchange hides; if pipe ~ serial, it does not.
-// BYTES: 0, 4, 8, 16 KB a CTA a round (16 KB: the fp32 partial S and dP of 32 of the tile's 64 rows, what each CTA of
-// the pair sends the other). Prints SM cycles a round (clock64, CTA 0), the median of 5 launches.
+// Clusters of two CTAs, one CTA an SM (200 KB of shared memory), two warpgroups a CTA, every SM busy. A round is one
+// 64-row kv tile of the pair: each warpgroup issues "S/dP", 16 wgmma m64n64k16 (K = 256, both operands in shared
+// memory: the partial S or dP over half of D), and "dQ", 4 wgmma m64n128k16 (K = 64 kv rows: the warpgroup's 128 of
+// the CTA's 256 dQ columns). By mode:
+//   mma       S/dP, wait, dQ, wait: the tile's tensor work alone (its floor)
+//   xchg      the exchange alone: BYTES / 256 bytes a thread to the peer, wait for the peer's, add them up, free the
+//             buffer
+//   serial    S/dP, wait, exchange its result, dQ, wait: a pair without pipelining
+//   pipe      the next round's S/dP issued into the other accumulator set first, then this round's exchange while it
+//             runs, then this round's dQ; wait for the next S/dP only (dQ stays in flight): the pipelined pair.
+//             pipe ~ mma: the exchange hides under the tensor work; pipe ~ serial: it does not (the issue of the next
+//             S/dP then holds the warpgroup until the tensor pipe has taken it, as dq-sdp-ahead found, v25).
 // Standalone (not part of the library or its tests; ctest Bench.DsmemAsyncBuildsForSm90a builds it):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o dsmem_async bench/dsmem_async.cu
 #include <cooperative_groups.h>
@@ -82,6 +84,20 @@ __device__ __forceinline__ void issue_mma(float (&d)[32], unsigned a, unsigned b
   smla_wgmma_commit();
 }
 
+// 4 k-steps of m64n128k16 (dQ's shape: dS 64 x 64 kv rows against 128 columns of the kv tile; K-major here, the
+// layout does not change the bytes).
+__device__ __forceinline__ void issue_dq(float (&q)[64], unsigned a, unsigned b) {
+  smla_fence_regs(q);
+  smla_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const unsigned long long da = smla_wgmma_desc(a + kk * 32, 16, 1024);
+    const unsigned long long db = smla_wgmma_desc(b + kk * 32, 16, 1024);
+    smla_wgmma_m64n128k16<0, 0>(q, da, db, 1);
+  }
+  smla_wgmma_commit();
+}
+
 // One exchange of round r: this thread's `pieces` 16-byte pieces of `d` into the peer's receive buffer r % 2, the
 // peer's pieces read back from ours, our buffer handed back. Barriers (this CTA's addresses): full[2] (count 1: thread
 // 0's expect_tx; the peer's st.async complete the bytes), empty[2] (count kThreads: the peer's threads, remotely).
@@ -137,9 +153,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   cluster.sync();  // both CTAs' barriers are initialised before any remote arrival
-  float d0[32], d1[32];
+  float d0[32], d1[32], q[64];
 #pragma unroll
   for (int j = 0; j < 32; ++j) d0[j] = d1[j] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 64; ++j) q[j] = 0.f;
+  const unsigned qa = base + 16384 + wg * 8192, qb = b + (wg & 1) * 16384;  // dS and this warpgroup's column half
   float s = 0.f;
   const long long t0 = clock64();
   if (mode == kMma) {
@@ -147,6 +166,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
       issue_mma(d0, a, b);
       smla_wgmma_wait<0>();
       smla_fence_regs(d0);
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<0>();
+      smla_fence_regs(q);
     }
   } else if (mode == kXchg) {
     for (int r = 0; r < kRounds; ++r) {
@@ -159,27 +181,34 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
       smla_wgmma_wait<0>();
       smla_fence_regs(d0);
       s += exchange<PIECES>(d0, r, recv, full, empty, peer);
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<0>();
+      smla_fence_regs(q);
     }
-  } else {  // kPipe: round r's result is exchanged while round r + 1's MMA runs (two accumulator sets)
+  } else {  // kPipe: round r + 1's S/dP runs under round r's exchange (two accumulator sets), then round r's dQ
     issue_mma(d0, a, b);
     smla_wgmma_wait<0>();
     smla_fence_regs(d0);
     for (int r = 0; r < kRounds; r += 2) {
       issue_mma(d1, a, b);
       s += exchange<PIECES>(d0, r, recv, full, empty, peer);
-      smla_wgmma_wait<0>();
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<1>();  // the S/dP into d1 (committed before the dQ)
       smla_fence_regs(d1);
       issue_mma(d0, a, b);
       s += exchange<PIECES>(d1, r + 1, recv, full, empty, peer);
-      smla_wgmma_wait<0>();
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<1>();
       smla_fence_regs(d0);
     }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(q);
   }
   const long long t1 = clock64();
   cluster.sync();  // no CTA leaves while its peer may still write into it or arrive on it
   if (blockIdx.x == 0 && threadIdx.x == 0) *cycles = t1 - t0;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) s += d0[j] + d1[j];
+  for (int j = 0; j < 32; ++j) s += d0[j] + d1[j] + q[j] + q[j + 32];
   if (s == 1234.5f) sink[threadIdx.x] = s;  // keeps the work
 }
 
@@ -209,8 +238,8 @@ int main() {
   CHECK(cudaMalloc(&ds, kThreads * sizeof(float)));
   static_assert(kSmem <= 200 * 1024, "dsmem_async: the carve exceeds what is asked for");
   const int blocks = sms & ~1;  // whole clusters, one CTA an SM
-  printf("clusters of 2, one CTA an SM, %d CTAs; SM cycles a round (16 wgmma m64n64k16 a warpgroup; exchange of BYTES "
-         "a CTA each way by st.async + mbarrier)\n",
+  printf("clusters of 2, one CTA an SM, %d CTAs; SM cycles a round (a warpgroup's S/dP 16 wgmma m64n64k16, dQ 4 "
+         "m64n128k16; exchange of BYTES a CTA each way by st.async + mbarrier)\n",
          blocks);
   printf("%6s", "BYTES");
   for (const char* m : kModeName) printf(" %8s", m);
