@@ -54,6 +54,8 @@ BulkResult DiskCache::export_bundle(const std::string& file) const {
   // "<file>.partial", shared by two exports to one name, never fsynced, and left behind when the rename failed, with
   // "exported: N entries" printed.)
   const std::string tmp = file + ".tmp." + owner_tag();
+  // An export killed before its rename left a full-size temp file that nothing removed: those whose writer is gone.
+  remove_left_over_temps(file, s_.stale_staging_s);
   auto fail = [&](const std::string& why) {
     std::remove(tmp.c_str());
     r.error = why;
@@ -117,8 +119,12 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     return r;
   }
   std::ifstream in(file, std::ios::binary);
+  if (!in) {  // (a file it may not read was "not an smla-cache bundle")
+    r.error = "cannot open " + file + ": " + std::strerror(errno);
+    return r;
+  }
   char magic[8];
-  if (!in || !in.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
+  if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
     r.error = file + " is not an smla-cache bundle";
     return r;
   }

@@ -1,8 +1,12 @@
 // smla-cache: inspect and maintain the kernel cache (the same directory and knobs as the runtime).
 //   smla-cache [--dir DIR] list | verify | prune --max-bytes N | clear | export FILE | import FILE
 // Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors), 2 when it could not
-// run (a usage error, a --dir that is not a directory, a bundle that is not there).
+// run (a usage error, a --dir that is not a directory, a bundle that is not there or cannot be read).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -74,12 +78,18 @@ int cache_main(int argc, char** argv) {
                  std::filesystem::exists(file, ec) ? "not a regular file" : "no such file");
       return 2;
     }
+    if (imp->parsed() && ::access(file.c_str(), R_OK) != 0) {  // a usage error as a missing one, not "not a bundle"
+      fmt::print(stderr, "error: bundle '{}': {}\n", file, std::strerror(errno));
+      return 2;
+    }
   }
   // Maintenance acts on the user cache as it is: no system layer, no LRU side effects on open.
   s.disable = false;
   s.system_dir.clear();
   s.max_bytes = 0;
-  s.lock = false;  // maintenance never compiles
+  // s.lock stays as SMLA_CACHE_LOCK says: maintenance never compiles, but prune and clear remove the lock files of the
+  // keys they leave without an entry, and the cache knows where its locks live only with locks on (with them off, one
+  // lock file per key ever compiled stayed behind).
   bool needs_write = prune->parsed() || clear->parsed() || imp->parsed();
   s.readonly = !needs_write;
   sc::DiskCache cache(s);
