@@ -17,16 +17,13 @@
 #include <random>
 #include <thread>
 
-#include <spdlog/spdlog.h>
+#include "logger.hpp"
 
 namespace fs = std::filesystem;
 
 namespace smla::cache::detail {
 
-spdlog::logger& log() {
-  if (auto l = spdlog::get("smla")) return *l;
-  return *spdlog::default_logger_raw();
-}
+spdlog::logger& log() { return logger(); }
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "check.hpp"
+#include "logger.hpp"  // smla_cache's: is_log_level
 
 namespace smla {
 
@@ -22,13 +23,9 @@ const RuntimeEnv& runtime_env() {
       else ignored("SMLA_INTERM_BUDGET_BYTES", v, "a positive number of bytes");
     }
     if (const char* v = std::getenv("SMLA_LOG_LEVEL")) {
-      static const char* const levels[] = {"trace", "debug", "info", "warn", "warning", "error", "err", "critical",
-                                           "off"};
-      bool known = false;
-      for (const char* l : levels) known = known || std::strcmp(v, l) == 0;
-      // spdlog reads an unknown name as "off": a typo would silence every warning.
-      if (known) e.log_level = v;
-      else ignored("SMLA_LOG_LEVEL", v, "trace, debug, info, warn, error, critical or off");
+      // spdlog reads an unknown name as "off": a typo would silence every warning. The logger reads the variable
+      // itself (cache/logger.cpp) and keeps warn for such a value; here only the warning a Runtime logs.
+      if (!cache::is_log_level(v)) ignored("SMLA_LOG_LEVEL", v, "trace, debug, info, warn, error, critical or off");
     }
     if (const char* v = std::getenv("SMLA_SIDE_STREAM")) {
       if (std::strcmp(v, "0") == 0) e.side_stream = false;

@@ -1,5 +1,5 @@
 // log.hpp: the library's logger: spdlog logger "smla" on stderr (stdout belongs to the caller),
-// level from SMLA_LOG_LEVEL. The disk cache logs through it too.
+// level from SMLA_LOG_LEVEL. The disk cache logs through it too (it is cache/logger.hpp's).
 #pragma once
 #include <spdlog/spdlog.h>
 

@@ -1,7 +1,7 @@
 // hip_log.cpp: see hip_log.hpp.
 #include "hip_log.hpp"
 
-#include <spdlog/spdlog.h>
+#include "logger.hpp"  // smla_cache's
 
 #include <mutex>
 #include <set>
@@ -9,8 +9,7 @@
 namespace smla::hip::detail {
 
 void warn(const std::string& msg) {
-  if (auto l = spdlog::get("smla")) l->warn("{}", msg);
-  else spdlog::default_logger_raw()->warn("{}", msg);
+  cache::logger().warn("{}", msg);
 }
 
 void warn_once(const std::string& msg) {

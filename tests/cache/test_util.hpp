@@ -94,20 +94,24 @@ inline Settings settings_for(const TempDir& t, const std::string& sub = "cache")
   return s;
 }
 
-/// Captures everything logged through spdlog's default logger while alive.
+/// Captures everything logged through smla's logger ("smla" in spdlog's registry, cache/logger.hpp) while alive.
 struct LogCapture {
   std::ostringstream out;
-  std::shared_ptr<spdlog::logger> old;
+  std::shared_ptr<spdlog::logger> old, mine;
   LogCapture() {
-    old = spdlog::default_logger();
+    old = spdlog::get("smla");
+    spdlog::drop("smla");
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
-    auto l = std::make_shared<spdlog::logger>("capture", sink);
-    l->set_level(spdlog::level::debug);
-    spdlog::set_default_logger(l);
+    mine = std::make_shared<spdlog::logger>("smla", sink);
+    mine->set_level(spdlog::level::debug);
+    spdlog::register_logger(mine);
   }
-  ~LogCapture() { spdlog::set_default_logger(old); }
+  ~LogCapture() {
+    spdlog::drop("smla");
+    if (old) spdlog::register_logger(old);
+  }
   std::string text() {
-    spdlog::default_logger()->flush();
+    mine->flush();
     return out.str();
   }
   int count(const std::string& needle) {
