@@ -419,6 +419,16 @@ std::vector<Problem> parse_problems_json(const std::string& text) {
     const json& e = doc[i];
     const std::string where = "problem list entry " + std::to_string(i);
     if (!e.is_object()) SMLA_THROW(Status::InvalidArgument, where + ": expected an object");
+    // A key outside the list is a mistake ("Sink", "rchunk"), not a comment: dropped, it left kernels unwarmed that a
+    // training job then compiled at start-up, with the warm-up's exit status 0.
+    static const char* const known[] = {"T",    "H",         "num_kv",            "topk",          "r_chunk",
+                                        "sink", "lse_base2", "lse_includes_sink", "check_indices", "dkv_fp32"};
+    for (const auto& kv : e.items())
+      if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return kv.key() == k; }) ==
+          std::end(known))
+        SMLA_THROW(Status::InvalidArgument, where + ": unknown key \"" + kv.key() +
+                                                "\" (expected T, H, num_kv, topk, r_chunk, sink, lse_base2, "
+                                                "lse_includes_sink, check_indices, dkv_fp32)");
     std::vector<std::vector<int64_t>> vals(5);
     const char* keys[] = {"T", "H", "num_kv", "topk", "r_chunk"};
     for (size_t k = 0; k < 5; ++k) {

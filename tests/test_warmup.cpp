@@ -528,9 +528,17 @@ TEST(WarmupTool, UsageErrors) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--shape"), std::string::npos) << r.err;
 
+  // An unknown target is the options' fault (it was a failed item, exit 1, as a kernel that failed).
   r = warmup_tool("--arch foo --shape 4096,128,5120,512 --dry-run --out " + scratch.path, scratch);
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("unknown target 'foo'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown target 'foo' in --arch"), std::string::npos) << r.err;
+
+  // A --tuning-db that is not there is a mistyped path (it warmed the heuristic configs alone, silently).
+  r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --out " + scratch.path + " --tuning-db " +
+                      scratch.path + "/typo.json",
+                  scratch);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--tuning-db " + scratch.path + "/typo.json: no such file"), std::string::npos) << r.err;
 
   r = warmup_tool("--help", scratch);
   EXPECT_EQ(r.code, 0);
@@ -634,6 +642,55 @@ TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("smla-warmup: cannot write the warm-up output directory " + file + "/aot"), std::string::npos)
       << r.err;
+}
+
+// A problem list's key outside its list is refused, not dropped ("Sink" warmed no d_sink kernel, exit 0).
+TEST(ShapeSpec, JsonProblemsRefuseAnUnknownKey) {
+  for (const char* key : {"Sink", "rchunk", "num-kv"}) {
+    const std::string doc =
+        std::string("[{\"T\": 64, \"H\": 16, \"num_kv\": 80, \"topk\": 32, \"") + key + "\": true}]";
+    try {
+      parse_problems_json(doc);
+      ADD_FAILURE() << key << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(e.message().find(std::string("problem list entry 0: unknown key \"") + key + "\""), std::string::npos)
+          << e.message();
+    }
+  }
+}
+
+// Without --out the warm-up writes the user cache, which SMLA_CACHE_READONLY=1 and SMLA_CACHE_DISABLE=1 say is not to
+// be written: refused, and nothing made there (it was written anyway). A dry run writes nothing and goes on; an --out
+// is written whatever they say.
+TEST(WarmupTool, AReadOnlyUserCacheIsNotWarmedWithoutOut) {
+  TempDir scratch;
+  const std::string user = scratch.path + "/user-cache";
+  for (const char* var : {"SMLA_CACHE_READONLY=1", "SMLA_CACHE_DISABLE=1"}) {
+    const std::string env = std::string(var) + " SMLA_CACHE_DIR=" + user;
+    ToolRun r = warmup_tool("--arch sm_90a --shape 64,16,80,32", scratch, env);
+    EXPECT_EQ(r.code, 2) << var << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(std::string(var) + " says the user cache (" + user + ") is not to be written"),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(user)) << var << ": the user cache was made";
+    r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run", scratch, env);
+    EXPECT_EQ(r.code, 0) << var << ": " << r.err;
+  }
+}
+
+// The cache's warnings go to stderr through smla's logger (SMLA_LOG_LEVEL) in the tool too: they went through
+// spdlog's default logger, to stdout, ahead of --json's document.
+TEST(WarmupTool, CacheWarningsStayOffStdout) {
+  TempDir scratch;
+  const std::string env = "SMLA_CACHE_DIR=" + scratch.path + "/user SMLA_CACHE_MAX_BYTES=12Q";
+  ToolRun r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --json", scratch, env);
+  ASSERT_EQ(r.code, 0) << r.err;
+  json_of(r);  // stdout is the document alone
+  EXPECT_NE(r.err.find("ignoring SMLA_CACHE_MAX_BYTES='12Q'"), std::string::npos) << r.err;
+  r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --json", scratch, env + " SMLA_LOG_LEVEL=off");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("ignoring"), std::string::npos) << "SMLA_LOG_LEVEL=off: " << r.err;
 }
 
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {

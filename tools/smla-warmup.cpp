@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -62,7 +63,9 @@ struct Request {
   smla::WarmupOptions w;
 };
 
-// Reads the options; what it throws is a usage error (exit 2): a bad --shape or --json-file, no problem, no target.
+// Reads the options; what it throws is a usage error (exit 2): a bad --shape or --json-file, no problem, no target or
+// an unknown one, a --tuning-db that is not there, no --out where the environment says the user cache is not to be
+// written.
 Request read_request(const Options& o) {
   Request q;
   q.problems = gather_problems(o);
@@ -75,8 +78,30 @@ Request read_request(const Options& o) {
                         "no GPU here to take the targets from (" + why +
                             "): name them with --arch, e.g. --arch sm_90a,gfx950");
   }
+  for (const std::string& t : q.targets)  // (warm_kernels would call it a failed item: exit 1, as a kernel that failed)
+    if (smla::target_family(t).empty())
+      throw smla::Error(smla::Status::InvalidArgument,
+                        "unknown target '" + t + "' in --arch: expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
   q.targets = smla::warm_targets(q.targets);  // as compiled: "gfx90a" -> its xnack- and xnack+ ids
-  q.w.out_dir = o.out.empty() ? smla::cache::settings_from_env().dir : o.out;
+  if (o.out.empty()) {
+    // The warm-up writes whatever directory it is given, whatever SMLA_CACHE_READONLY, SMLA_CACHE_DISABLE and
+    // SMLA_CACHE_MAX_BYTES say (they are the runtime's); but with no --out the directory is the user cache, which
+    // these two say is not to be written.
+    const smla::cache::Settings cs = smla::cache::settings_from_env();
+    if ((cs.readonly || cs.disable) && !o.dry_run)  // (a dry run writes nothing)
+      throw smla::Error(smla::Status::InvalidArgument,
+                        std::string(cs.disable ? "SMLA_CACHE_DISABLE" : "SMLA_CACHE_READONLY") +
+                            "=1 says the user cache (" + cs.dir +
+                            ") is not to be written: unset it, or name the directory to warm with --out");
+    q.w.out_dir = cs.dir;
+  } else {
+    q.w.out_dir = o.out;
+  }
+  if (!o.tuning_db.empty()) {  // only read here: a file that is not there is a mistyped path, not an empty database
+    std::error_code ec;
+    if (!std::filesystem::exists(o.tuning_db, ec))
+      throw smla::Error(smla::Status::InvalidArgument, "--tuning-db " + o.tuning_db + ": no such file");
+  }
   q.w.jobs = o.jobs;
   q.w.dry_run = o.dry_run;
   q.w.use_tuning_db = !o.no_tuned;
@@ -120,7 +145,8 @@ int warm(const Options& o, Request& q) {
       if (!it.error.empty()) k["error"] = it.error;
       j["kernels"].push_back(k);
     }
-    std::printf("%s\n", j.dump().c_str());
+    // Paths and compiler messages need not be UTF-8: replaced, not thrown on after the work is done.
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     if (o.dry_run) {
       std::printf("%-24s %-12s %s\n", "target", "kernel", "cache entry (entry points)");
@@ -162,8 +188,11 @@ int main(int argc, char** argv) {
       "AMD targets: the runtime looks kernels up by the device's full target id, which HSA_XNACK=1 turns\n"
       "from gfx90a:sramecc+:xnack- into gfx90a:sramecc+:xnack+; so a plain gfx90a (gfx942, gfx950) warms\n"
       "both, and gfx90a:xnack- (or xnack+) warms only that one.\n"
+      "The output directory is written whatever SMLA_CACHE_READONLY, SMLA_CACHE_DISABLE and SMLA_CACHE_MAX_BYTES\n"
+      "say (they bind the runtime; the warm-up never evicts); without --out, READONLY=1 or DISABLE=1 is an error.\n"
       "Exit status: 0 when nothing failed, 1 when a kernel or problem failed or the warm-up could not be done (an\n"
-      "output directory it cannot write), 2 on usage errors (options, --shape, --json-file, no target).");
+      "output directory it cannot write), 2 on usage errors (options, --shape, --json-file, no target or an unknown\n"
+      "one, a --tuning-db that does not exist, no --out under SMLA_CACHE_READONLY=1 or SMLA_CACHE_DISABLE=1).");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)")->check(smla::tools::non_empty_path());
