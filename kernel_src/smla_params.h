@@ -39,8 +39,8 @@ typedef unsigned short smla_bf16;  // raw bfloat16 bits
 #define SMLA_D 512
 
 // lse_mode bits: how the caller's lse was computed (folded in by the delta phase).
-#define SMLA_LSE_BASE2 1         // lse is log2-based (FlashMLA); natural otherwise
-#define SMLA_LSE_EXCLUDES_SINK 2 // lse leaves the sink out (FlashMLA); included otherwise
+#define SMLA_LSE_BASE2 1         // lse is log2-based (TileLang's example forward); natural otherwise
+#define SMLA_LSE_EXCLUDES_SINK 2 // lse leaves the sink out (FlashMLA's and TileLang's); included otherwise (aiter's)
 
 struct SmlaParams {
   // ---- caller tensors
