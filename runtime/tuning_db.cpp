@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -126,9 +127,12 @@ int schema_order(const json& s) {
 
 // Reads the file into `entries` (a JSON object keyed by tuning_key). `why` explains a non-Ok. Never throws: whatever
 // the file holds, a lookup must fall back to the heuristics.
+constexpr size_t kMaxDbBytes = size_t(256) << 20;
+
 Parsed read_db(const std::string& path, json* entries, std::string* why) {
   *entries = json::object();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO at the path blocked every plan() until a writer came (the check below then refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return Parsed::Absent;
     *why = std::string("cannot be read: ") + std::strerror(errno);  // EACCES is not "no database"
@@ -140,6 +144,14 @@ Parsed read_db(const std::string& path, json* entries, std::string* why) {
     *why = "is a directory, not a file (set SMLA_TUNING_DB to a file path)";
     return Parsed::Unreadable;
   }
+  if (!S_ISREG(st.st_mode)) {  // /dev/null (read as empty, so "damaged", and replaced by a store), /dev/zero, a FIFO
+    ::close(fd);
+    *why = "is not a regular file";
+    return Parsed::Unreadable;
+  }
+  // Tests only: holds the reader here, inside a lookup (TuningDb.ForkedChildLooksUpWhileAParentThreadIsInsideALookup).
+  if (const char* ms = std::getenv("SMLA_TUNING_DB_TEST_READ_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
   std::string text;
   char buf[65536];
   for (;;) {
@@ -152,6 +164,11 @@ Parsed read_db(const std::string& path, json* entries, std::string* why) {
     }
     if (n == 0) break;
     text.append(buf, size_t(n));
+    if (text.size() > kMaxDbBytes) {  // a database of ~100 bytes an entry: not one
+      ::close(fd);
+      *why = "is larger than " + std::to_string(kMaxDbBytes >> 20) + " MiB: not a tuning database";
+      return Parsed::Unreadable;
+    }
   }
   ::close(fd);
   // Damaged rather than foreign: empty, or any text that names the format (a store writes it first, so a copy cut
@@ -532,12 +549,55 @@ std::vector<TileConfig> TuningDb::lookup_target(const std::string& target, const
   return out;
 }
 
-void TuningDb::store(const std::string& device_class, const Problem& p, const TuningEntry& e) {
-  // Checked first so that nothing (no <dir>.lock) is created beside a directory.
+namespace {
+
+// What a store refuses before it takes the lock: a path that is no file to write (checked first, so that nothing, no
+// <path>.lock, is created beside a directory; nor beside a device or a FIFO: SMLA_TUNING_DB=/dev/null, tuning off
+// one would think, read as an empty, so damaged, database, and a store run as root replaced the device node).
+void refuse_non_file(const std::string& path) {
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " is a directory, not a file (set SMLA_TUNING_DB to a "
-                                        "file path, e.g. " + path_ + "/tuning.json)");
+  if (::stat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode))
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path + " is a directory, not a file (set SMLA_TUNING_DB to a "
+                                        "file path, e.g. " + path + "/tuning.json)");
+  if (!S_ISREG(st.st_mode))
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path + " is not a regular file: not written (set "
+                                        "SMLA_TUNING_DB to a file path)");
+}
+
+// What a store refuses once it has read the file (`path` as the caller named it); true when the file is to be kept
+// aside as it is replaced.
+bool refuse_or_keep_aside(Parsed parsed, const std::string& path, const std::string& why) {
+  switch (parsed) {
+    case Parsed::Unreadable:  // rewriting what we cannot read would drop its entries
+      SMLA_THROW(Status::InvalidArgument, "tuning db " + path + " " + why + ": not rewritten");
+    case Parsed::Foreign:  // someone's file at the wrong path: not ours to replace
+      SMLA_THROW(Status::InvalidArgument, "tuning db " + path + " is " + why + ": not overwritten (set "
+                                          "SMLA_TUNING_DB or --tuning-db to the database file, or remove this one)");
+    case Parsed::NewerSchema:  // an older smla must not wipe a newer database
+      SMLA_THROW(Status::Unsupported, "tuning db " + path + " has " + why + " and writes schema " +
+                                          std::to_string(kTuningSchema) +
+                                          ": not overwritten (tune with the newer smla, or set SMLA_TUNING_DB to "
+                                          "another file)");
+    case Parsed::Corrupt:
+    case Parsed::OlderSchema: return true;
+    case Parsed::Absent:
+    case Parsed::Ok: break;
+  }
+  return false;
+}
+
+}  // namespace
+
+void TuningDb::check_store() const {
+  refuse_non_file(path_);
+  json entries;
+  std::string why;
+  refuse_or_keep_aside(read_db(path_, &entries, &why), path_, why);  // (open() follows a link as store() does)
+}
+
+void TuningDb::store(const std::string& device_class, const Problem& p, const TuningEntry& e) {
+  refuse_non_file(path_);
   // Resolved once: the lock, the temp file and the rename target all sit beside the real file.
   const std::string real = resolve_for_write(path_);
   const std::string dir = parent_dir(real);
@@ -545,23 +605,8 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
   // Re-read under the lock: entries other processes stored since we last looked are kept.
   json entries;
   std::string why;
-  bool keep_aside = false;  // a file this store replaces without reading its entries: kept under another name
-  switch (read_db(real, &entries, &why)) {
-    case Parsed::Unreadable:  // rewriting what we cannot read would drop its entries
-      SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " " + why + ": not rewritten");
-    case Parsed::Foreign:  // someone's file at the wrong path: not ours to replace
-      SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " is " + why + ": not overwritten (set "
-                                          "SMLA_TUNING_DB or --tuning-db to the database file, or remove this one)");
-    case Parsed::NewerSchema:  // an older smla must not wipe a newer database
-      SMLA_THROW(Status::Unsupported, "tuning db " + path_ + " has " + why + " and writes schema " +
-                                          std::to_string(kTuningSchema) +
-                                          ": not overwritten (tune with the newer smla, or set SMLA_TUNING_DB to "
-                                          "another file)");
-    case Parsed::Corrupt:
-    case Parsed::OlderSchema: keep_aside = true; break;
-    case Parsed::Absent:
-    case Parsed::Ok: break;
-  }
+  // A file this store replaces without reading its entries is kept under another name.
+  const bool keep_aside = refuse_or_keep_aside(read_db(real, &entries, &why), path_, why);
   entries[tuning_key(device_class, p, version_)] = entry_to_json(device_class, p, version_, e);
   // "format" first: a copy cut short still names it, and reads as a damaged database rather than a foreign file.
   nlohmann::ordered_json doc;

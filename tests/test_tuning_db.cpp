@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <set>
 #include <sstream>
 
@@ -350,49 +351,46 @@ TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
 }
 
 // A worker forked while another thread of its parent was inside a lookup inherited the database's mutex locked by a
-// thread it does not have, and hung in its own first lookup. Here the parent's thread is held inside the read by a
-// FIFO in place of the file; the test then opens and closes a writer until everyone has read to its end.
+// thread it does not have, and hung in its own first lookup. Here the parent's thread is held inside the read by the
+// test hook SMLA_TUNING_DB_TEST_READ_DELAY_MS (a FIFO in place of the file held it until a reader no longer blocks on
+// one: TuningDb.APathThatIsNotARegularFileIsNoDatabase).
 TEST(TuningDb, ForkedChildLooksUpWhileAParentThreadIsInsideALookup) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
-  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
+  ASSERT_EQ(::setenv("SMLA_TUNING_DB_TEST_READ_DELAY_MS", "1500", 1), 0);  // before any thread: no getenv races it
   TuningDb db(path, "v1");
   std::atomic<bool> parent_done{false};
   std::thread t([&] {
-    db.lookup("sm_90a", problem(4096));  // blocks in open() until a writer comes
+    db.lookup("sm_90a", problem(4096));  // held in the read, its mutex locked
     parent_done = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ASSERT_FALSE(parent_done.load()) << "the lookup did not block on the FIFO: the test shows nothing";
+  const bool held = !parent_done.load();
   std::fflush(nullptr);
-  const pid_t pid = ::fork();
+  const pid_t pid = held ? ::fork() : -1;
   if (pid == 0) {
     const bool found = db.lookup("sm_90a", problem(4096)).has_value();
-    ::_exit(found ? 1 : 0);
+    ::_exit(found ? 0 : 1);
   }
   int st = 0, rc = -1;
   bool exited = false;
   for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-       !exited && std::chrono::steady_clock::now() < end;) {
-    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // ENXIO while nobody reads
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (w >= 0) ::close(w);  // the readers see the end of the file
+       pid > 0 && !exited && std::chrono::steady_clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     exited = ::waitpid(pid, &st, WNOHANG) == pid;
   }
-  if (!exited) {
+  if (pid > 0 && !exited) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &st, 0);
-  } else {
+  } else if (exited) {
     rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
-  while (!parent_done) {  // release the parent's thread too
-    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (w >= 0) ::close(w);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
   t.join();
+  ::unsetenv("SMLA_TUNING_DB_TEST_READ_DELAY_MS");
+  ASSERT_TRUE(held) << "the lookup was not held in the read: the test shows nothing";
   EXPECT_NE(rc, -1) << "the forked child hung in lookup() (the mutex a parent thread held at the fork)";
-  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(rc, 0) << "the forked child's lookup did not find the entry";
 }
 
 // A store killed between creating its temp file and the rename left "<db>.tmp.*" (a full copy) beside the database
@@ -655,6 +653,42 @@ TEST(TuningDb, DirectoryPathSaysSoAndCreatesNothing) {
   std::vector<std::string> left;
   for (const auto& f : fs::recursive_directory_iterator(d.path)) left.push_back(f.path().string());
   EXPECT_EQ(left, std::vector<std::string>{dir}) << "the store created files";
+}
+
+// A path that is not a regular file (a FIFO here; /dev/null or /dev/zero likewise) is no database: the lookup warns
+// and returns at once (a FIFO blocked it until a writer came), and a store refuses it and creates nothing beside it
+// (SMLA_TUNING_DB=/dev/null read as an empty, so damaged, database, and a store run as root replaced the device node).
+TEST(TuningDb, APathThatIsNotARegularFileIsNoDatabase) {
+  TempDir d;
+  const std::string fifo = d.path + "/tuning.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto looked = std::async(std::launch::async, [&] {
+    TuningDb db(fifo, "v1");
+    const bool found = db.lookup("sm_90a", problem(4096)).has_value();
+    return std::make_pair(found, db.warnings());
+  });
+  if (looked.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // the reader sees end of file and returns
+    if (w >= 0) ::close(w);
+    looked.wait();
+    FAIL() << "the lookup blocked on the FIFO";
+  }
+  const auto [found, warnings] = looked.get();
+  EXPECT_FALSE(found);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(fifo + " is not a regular file"), std::string::npos) << warnings[0];
+  try {
+    TuningDb(fifo, "v1").store("sm_90a", problem(4096), entry(32, 256));
+    FAIL() << "a store over a FIFO succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find(fifo + " is not a regular file: not written"), std::string::npos) << e.message();
+  }
+  std::vector<std::string> left;
+  for (const auto& f : fs::directory_iterator(d.path)) left.push_back(f.path().string());
+  EXPECT_EQ(left, std::vector<std::string>{fifo}) << "the store created files";
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
 }
 
 // A database that exists but cannot be read is not "no database": the lookup warns with the reason and a store
