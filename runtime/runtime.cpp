@@ -209,7 +209,12 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
       const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
       const bool few_chunks = int64_t(ts.t_chunks) * ts.n_chunks <= kMaxChunkPairs;  // a tuned r_chunk at a larger T
       if (!few_chunks) no = "its r_chunk makes more than " + std::to_string(kMaxChunkPairs) + " chunk pairs here";
-      if (few_chunks && (kind != BackendKind::Cuda || cuda_shape_supported(ts, &no))) {
+      // Each backend's own kernels judge the entry (on HIP it went unchecked, and plan() then threw where the
+      // heuristic would have planned).
+      const bool fits = few_chunks && (kind == BackendKind::Cuda  ? cuda_shape_supported(ts, &no)
+                                       : kind == BackendKind::Hip ? hip_shape_supported(ts, &no)
+                                                                  : true);
+      if (fits) {
         tuned = *t;
         cfg = &tuned;
         from_db = true;

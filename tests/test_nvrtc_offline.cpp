@@ -207,6 +207,15 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
   c.dq_block_r = 64;
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, runtime_env().interm_budget, "sm_90a"), &why));
   EXPECT_NE(why.find("one tile"), std::string::npos) << why;
+  // A dq tile past 256 rows is refused by its bound: the 32-bit shared-memory size wrapped at 1966560 rows (a tuning
+  // database entry said so) and the kernel was planned with 33 KB.
+  TileConfig big;
+  big.dq_impl = 1;
+  for (int rows : {288, 1966560}) {
+    big.dq_block_r = rows;
+    EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &big, runtime_env().interm_budget, "sm_90a"), &why)) << rows;
+    EXPECT_NE(why.find("must be a multiple of 32 in [32, 256]"), std::string::npos) << why;
+  }
   // The persistent body (dq_impl 4) where the top-k is one chunk of 256 slots or fewer, the producer body (3) from
   // 272 up or where the caller's r_chunk makes several chunks; a caller's dq_impl is kept either way.
   for (int64_t H : {64, 128})

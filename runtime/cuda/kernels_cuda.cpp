@@ -58,6 +58,10 @@ bool is_wgmma_dkv(int dkv_impl) { return dkv_impl == 2 || dkv_impl == 3; }
 // dkv_impl 4: no dkv_interm kernel; the dq body writes interm (dq_wgmma.cuh's DQW_INTERM).
 bool is_fused_dkv(int dkv_impl) { return dkv_impl == 4; }
 
+// The longest dq kv tile a caller or a tuning database may ask for (the mma.sync body's tiles are 32 or 64 rows; a
+// 256-row one already needs ~280 KB at 64 heads): it keeps dq_smem_bytes() far from wrapping.
+constexpr int kMaxDqBlockR = 256;
+
 // dq's shared memory: Q, dO and kv as common.cuh lays them out, then the dS and P tiles stored
 // transposed ([BLOCK_R][BLOCK_H + pad], see kernel_src/dq.cu), then the kv row flags.
 unsigned dq_smem_bytes(int block_h, int block_r) {
@@ -156,7 +160,10 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   // dq
   if (t.dq_block_h % 16 != 0 || t.dq_block_h > 64 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16, <= 64, dividing H; ";
-  if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
+  // Bounded (a tuning database entry or a caller's TileConfig may say anything): dq_smem_bytes() is 32-bit, and
+  // dq_block_r 1966560 wrapped it to 33 KB and was launched.
+  if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0 || t.dq_block_r > kMaxDqBlockR)
+    e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32 in [32, " << kMaxDqBlockR << "]; ";
   if (t.dq_impl < 1 || t.dq_impl > TileConfig::kMaxDqImpl)
     e << "dq_impl = " << t.dq_impl
       << " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4 (3, persistent); ";
@@ -169,7 +176,7 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
   }
   const unsigned limit = smem_limit_of(s);
   const std::string on_target = s.smem_limit ? " on this target" : "";
-  if (dq_smem_of(t) > limit)
+  if (t.dq_block_r <= kMaxDqBlockR && t.dq_block_h <= 64 && dq_smem_of(t) > limit)
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r << " needs " << dq_smem_of(t) << " B of shared memory (max "
       << limit << on_target << "); ";
   // dkv_interm
@@ -196,7 +203,7 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
       e << "dkv_block_r = " << t.dkv_block_r << " must be a multiple of 32; ";
     if (t.dkv_block_d < 64 || t.dkv_block_d % 64 != 0 || SMLA_D % t.dkv_block_d != 0)
       e << "dkv_block_d = " << t.dkv_block_d << " must be a multiple of 64 dividing 512; ";
-    if (t.dkv_block_r * t.dkv_block_d > 32768)
+    if (static_cast<long long>(t.dkv_block_r) * t.dkv_block_d > 32768)
       e << "dkv tile " << t.dkv_block_r << "x" << t.dkv_block_d << " exceeds 32768 outputs; ";
   }
   if (dkv_smem_of(t, s.H) > limit)
