@@ -27,6 +27,7 @@
 #include "tools/tool_main.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/cuda/cuda_api.hpp"
+#include "runtime/env.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/seqpar.hpp"
 #include "tools/case_runner.hpp"
@@ -118,7 +119,7 @@ std::vector<RankOut> cpu_ranks(const Problem& whole, const ref::Inputs& in, int 
   for (auto& x : th) x.join();
   for (int r = 0; r < n; ++r)
     if (!errors[size_t(r)].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[size_t(r)]);
-  *one = one_rank(rt, whole, in);
+  if (one) *one = one_rank(rt, whole, in);  // only for --check
   return outs;
 }
 
@@ -268,7 +269,7 @@ std::vector<RankOut> cuda_ranks(const Problem& whole, const ref::Inputs& in, int
       p.device = r;
       seqpar::NcclReducer red(id, r, n, r);  // also makes device r current for CaseRunner
       RankOut o = run_rank(rt, p, in, r, n, red);
-      if (r == 0) o.one = one_rank(rt, p, in);
+      if (r == 0 && one) o.one = one_rank(rt, p, in);  // only for --check
       const std::string bytes = pack(o);
       write_all(out_pipe[size_t(r)][1], bytes.data(), bytes.size());
       return 0;
@@ -312,7 +313,7 @@ std::vector<RankOut> cuda_ranks(const Problem& whole, const ref::Inputs& in, int
   if (!failed.empty()) throw std::runtime_error(failed);
   std::vector<RankOut> outs;
   for (int r = 0; r < n; ++r) outs.push_back(unpack(data[size_t(r)]));
-  *one = outs[0].one;
+  if (one) *one = outs[0].one;
   return outs;
 }
 
@@ -335,13 +336,23 @@ int run(const Options& o) {
   whole.t_chunk = o.t_chunk;
   // Every rank's problem checked before the inputs are made (their float64 forward is most of a large shape's time,
   // and a bad field would otherwise surface as an allocation error naming none).
+  // The chunk-pair limit too (plan()'s), for each rank and, under --check, for the one-rank run: the whole problem's
+  // was refused after minutes of rank work, and its one-rank run was made even without --check.
+  const size_t budget = runtime_env().interm_budget;
   validate_problem(whole);
-  for (int r = 0; r < o.ranks; ++r) validate_problem(seqpar::rank_problem(whole, seqpar::split(whole.T, r, o.ranks)));
+  if (o.check) check_chunk_count(choose_shape(whole, budget));
+  for (int r = 0; r < o.ranks; ++r) {
+    const Problem rp = seqpar::rank_problem(whole, seqpar::split(whole.T, r, o.ranks));
+    validate_problem(rp);
+    check_chunk_count(choose_shape(rp, budget));
+  }
   const ref::Inputs in = ref::make_inputs(int(whole.T), int(whole.H), int(whole.num_kv), int(whole.topk),
                                           whole.has_sink, o.seed,
                                           o.uniform ? ref::TopkKind::Uniform : ref::TopkKind::Benchmark);
   tools::Outputs one;
-  const std::vector<RankOut> outs = gpu ? cuda_ranks(whole, in, o.ranks, &one) : cpu_ranks(whole, in, o.ranks, &one);
+  tools::Outputs* want_one = o.check ? &one : nullptr;
+  const std::vector<RankOut> outs =
+      gpu ? cuda_ranks(whole, in, o.ranks, want_one) : cpu_ranks(whole, in, o.ranks, want_one);
 
   std::printf("smla-seqpar %s, %d ranks, T=%lld H=%lld num_kv=%lld topk=%lld%s\n", gpu ? "cuda (NCCL)" : "cpu (threads)",
               o.ranks, (long long)whole.T, (long long)whole.H, (long long)whole.num_kv, (long long)whole.topk,

@@ -234,17 +234,25 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
                (long long)p.H, (long long)p.num_kv, (long long)p.topk, p.has_sink ? " sink" : "",
                device_class.c_str(), cands.size());
 
-  // Compile every candidate's kernels at once, in parallel, into the user cache plan() reads.
-  smla::WarmupOptions w;
-  w.out_dir = smla::cache::settings_from_env().dir;
-  w.interm_budget = budget;
-  for (const Candidate& c : cands) w.configs.push_back(c.cfg);
-  try {
-    const smla::WarmupResult wr = smla::warm_kernels({p}, {target}, w);
-    std::fprintf(stderr, "smla-tune: kernels compiled %d, cached %d, failed %d (%.1f s)\n", wr.compiled, wr.cached,
-                 wr.failed, wr.seconds);
-  } catch (const smla::Error& e) {  // e.g. an unwritable cache: plan() then compiles each one itself
-    std::fprintf(stderr, "smla-tune: no parallel precompile (%s)\n", e.message().c_str());
+  // Compile every candidate's kernels at once, in parallel, into the user cache plan() reads; not where the
+  // environment says that cache is not to be written (the warm-up writes whatever it is given): plan() then compiles
+  // each one itself, as it would.
+  const smla::cache::Settings cs = smla::cache::settings_from_env();
+  if (cs.readonly || cs.disable) {
+    std::fprintf(stderr, "smla-tune: no parallel precompile (%s=1: the user cache is not written)\n",
+                 cs.disable ? "SMLA_CACHE_DISABLE" : "SMLA_CACHE_READONLY");
+  } else {
+    smla::WarmupOptions w;
+    w.out_dir = cs.dir;
+    w.interm_budget = budget;
+    for (const Candidate& c : cands) w.configs.push_back(c.cfg);
+    try {
+      const smla::WarmupResult wr = smla::warm_kernels({p}, {target}, w);
+      std::fprintf(stderr, "smla-tune: kernels compiled %d, cached %d, failed %d (%.1f s)\n", wr.compiled, wr.cached,
+                   wr.failed, wr.seconds);
+    } catch (const smla::Error& e) {  // e.g. an unwritable cache: plan() then compiles each one itself
+      std::fprintf(stderr, "smla-tune: no parallel precompile (%s)\n", e.message().c_str());
+    }
   }
 
   Checker checker(p, o.check_t, o.seed + 1);
@@ -339,6 +347,14 @@ std::vector<smla::Problem> gather(const Options& o) {
   for (smla::Problem& p : out) {
     p.backend = smla::BackendKind::Cuda;
     smla::validate_problem(p);
+    // r_chunk is one of the things tuned, and the database keys a problem without it: a shape's R_CHUNK narrowed the
+    // candidates and then stored their winner as the whole problem class's, over an unrestricted one.
+    if (p.r_chunk)
+      throw smla::Error(smla::Status::InvalidArgument,
+                        "smla-tune tunes r_chunk itself: " + smla::describe_problem(p) +
+                            " gives one (R_CHUNK); drop it (the database keeps one entry per problem class)");
+    // plan()'s own limit on chunk pairs: refused only on the problem's turn before, after the ones ahead were tuned.
+    smla::check_chunk_count(smla::choose_shape(p, smla::runtime_env().interm_budget));
   }
   return out;
 }
@@ -358,10 +374,19 @@ int run(const Options& o) {
   }
   // The version of the sources the Runtime compiles ($SMLA_KERNEL_SRC_DIR included), so plan() finds the entries.
   smla::TuningDb db(o.tuning_db, smla::default_tuning_runtime_version());
+  if (!o.no_store) db.check_store();  // a database the stores would refuse, said before minutes of tuning (exit 2)
   nlohmann::json all = nlohmann::json::array();
   bool ok = true;
   for (const smla::Problem& p : problems) {
-    nlohmann::json j = tune_one(rt, db, p, o);
+    // One problem's failure (its plan refused on this GPU, the database refusing the store) is that problem's: the
+    // sweep goes on and --json still prints every problem (it stopped the sweep with exit 2 and printed nothing).
+    nlohmann::json j;
+    try {
+      j = tune_one(rt, db, p, o);
+    } catch (const smla::Error& e) {
+      j = {{"T", p.T}, {"H", p.H}, {"num_kv", p.num_kv}, {"topk", p.topk}, {"sink", p.has_sink}, {"error", e.message()}};
+      std::fprintf(stderr, "smla-tune: %s: error: %s\n", smla::describe_problem(p).c_str(), e.message().c_str());
+    }
     ok = ok && !j.contains("error");
     all.push_back(j);
   }
@@ -375,9 +400,10 @@ int main(int argc, char** argv) {
   CLI::App app{"smla-tune: find the fastest correct tile config per problem on this GPU and store it in the tuning "
                "database (the planner then uses it)"};
   app.footer(
-      "Shapes as in smla-warmup: --shape T,H,NUM_KV,TOPK[,R_CHUNK], each field a number, A:B:STEP or A:B:*F\n"
-      "(default: the seed shape 4096,128,5120,512; --sink applies to it too). Every problem is validated\n"
-      "before the first is tuned. Every candidate is first checked against the float64 reference at the\n"
+      "Shapes as in smla-warmup: --shape T,H,NUM_KV,TOPK, each field a number, A:B:STEP or A:B:*F (no R_CHUNK:\n"
+      "r_chunk is tuned) (default: the seed shape 4096,128,5120,512; --sink applies to it too). Every problem is\n"
+      "validated before the first is tuned, and the database checked writable; a problem that then fails on the\n"
+      "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked against the float64 reference at the\n"
       "contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed at the real T\n"
       "with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by device (target,\n"
