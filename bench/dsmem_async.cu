@@ -25,10 +25,9 @@
 #include "cuda_check.cuh"
 #include <cstdio>
 
-__device__ __forceinline__ unsigned smla_smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+#include "common.cuh"  // smla_smem_addr
 #include "wgmma.cuh"
+#include "sm90_sync.cuh"  // smla_mbar_init
 
 namespace cg = cooperative_groups;
 
@@ -50,9 +49,6 @@ __device__ __forceinline__ void st_async16(unsigned remote, const float (&v)[4],
                "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
                "r"(__float_as_uint(v[3])), "r"(remote_bar)
                : "memory");
-}
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -145,10 +141,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < (kOps + 32768) / 4; i += blockDim.x)  // nonzero operands (bf16 in 1/16 .. 1)
     reinterpret_cast<unsigned*>(smem)[i] = 0x3D803D80u + ((i * 2654435761u) >> 25) * 0x00010001u;
   if (threadIdx.x == 0) {
-    mbar_init(full, 1);
-    mbar_init(full + 8, 1);
-    mbar_init(empty, kThreads);
-    mbar_init(empty + 8, kThreads);
+    smla_mbar_init(full, 1);
+    smla_mbar_init(full + 8, 1);
+    smla_mbar_init(empty, kThreads);
+    smla_mbar_init(empty + 8, kThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
