@@ -1,12 +1,18 @@
 // dump.cpp: writes failed translation units where a user can read them: NVRTC's, hipRTC's and the hipRTC worker's.
 #include "dump.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <algorithm>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 namespace smla {
@@ -19,6 +25,50 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
+
+// `dir` as a directory of this user's that is no symlink, made (mode 0700) when absent. The default directory sits in
+// a shared /tmp with predictable names: another user could have made it, or planted a link in it, and the dump would
+// have written through the link (any file this process may write) or failed for every user but the first.
+void own_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail("cannot make " + dir);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) fail("cannot stat " + dir);
+  if (!S_ISDIR(st.st_mode)) throw std::runtime_error(dir + " is not a directory (a link or a file in its place)");
+  if (st.st_uid != ::geteuid()) throw std::runtime_error(dir + " belongs to another user");
+}
+
+// A header's name as a path inside the dump's directory: relative, and no component "." or ".." or empty (an absolute
+// one or one with "..", from a SMLA_KERNEL_SRC_DIR source, would have put the file anywhere).
+bool relative_name(const std::string& name) {
+  if (name.empty() || name[0] == '/') return false;
+  for (size_t b = 0; b <= name.size();) {
+    const size_t e = std::min(name.find('/', b), name.size());
+    const std::string part = name.substr(b, e - b);
+    if (part.empty() || part == "." || part == "..") return false;
+    b = e + 1;
+  }
+  return true;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  // O_NOFOLLOW: a link in the file's place is not written through.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) fail("cannot write " + path);
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      fail("cannot write " + path);
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0) fail("cannot write " + path);
+}
 }  // namespace
 
 std::string dump_failed_source(const RenderedSource& src, const std::string& target) {
@@ -29,26 +79,31 @@ std::string dump_failed_source(const RenderedSource& src, const std::string& tar
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
     std::string dir;
     if (const char* d = std::getenv("SMLA_DUMP_DIR")) dir = d;
-    if (dir.empty()) {
+    if (dir.empty()) {  // one directory a user: $TMPDIR/smla-failed-<uid>
       const char* tmp = std::getenv("TMPDIR");
-      dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/smla-failed";
+      dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/smla-failed-" + std::to_string(::geteuid());
+      own_dir(dir);
+    } else {  // the caller's choice, made with its parents, used as it is
+      fs::create_directories(dir);
     }
     std::string safe_target = target;  // "gfx90a:xnack-"
     for (char& c : safe_target)
       if (c == ':' || c == '/') c = '_';
+    std::string stem = src.name.substr(0, src.name.rfind('.'));
+    for (char& c : stem)
+      if (c == '/') c = '_';
     // A directory a failure, the source beside its headers under their own names: it compiles again as it is.
-    const fs::path sub = fs::path(dir) / (fs::path(src.name).stem().string() + "-" + safe_target + "-" + hex);
+    const std::string sub = dir + "/" + stem + "-" + safe_target + "-" + hex;
+    own_dir(sub);
     auto write = [&](const std::string& name, const std::string& text) {
-      const fs::path file = sub / name;
-      fs::create_directories(file.parent_path());
-      std::ofstream out(file, std::ios::binary);
-      out << text;
-      out.close();
-      if (!out) throw std::runtime_error("cannot write " + file.string());
+      if (!relative_name(name)) throw std::runtime_error("'" + name + "' is not a relative path without '..'");
+      for (size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1))
+        own_dir(sub + "/" + name.substr(0, slash));  // "sub/x.h": sub/, the user's, no link
+      write_file(sub + "/" + name, text);
     };
     write(src.name, src.text);
     for (const auto& hd : src.headers) write(hd.first, hd.second);
-    return (sub / src.name).string();
+    return sub + "/" + src.name;
   } catch (const std::exception& e) {
     return std::string("(not written: ") + e.what() + ")";  // the compile's log still reaches the user
   }

@@ -1,6 +1,11 @@
 // sources.cpp: embedded kernel sources and rendering.
 #include "sources.hpp"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <regex>
@@ -19,14 +24,38 @@ std::mutex g_load_mutex;
 
 KernelSources::KernelSources(std::string dir) : dir_(std::move(dir)) {}
 
+namespace {
+// A name of the source directory: relative, without "." or ".." components (an include may not reach out of it).
+void require_inside(const std::string& name, const std::string& dir) {
+  bool ok = !name.empty() && name[0] != '/';
+  for (size_t b = 0; ok && b <= name.size();) {
+    const size_t e = std::min(name.find('/', b), name.size());
+    const std::string part = name.substr(b, e - b);
+    ok = !part.empty() && part != "." && part != "..";
+    b = e + 1;
+  }
+  SMLA_REQUIRE(ok, Status::InvalidArgument,
+               "kernel source '" + name + "': not a path inside the source directory '" + dir + "'");
+}
+}  // namespace
+
 bool KernelSources::has(const std::string& name) const {
   if (dir_.empty()) {
     for (const auto& f : embedded_kernel_sources())
       if (f.first == name) return true;
     return false;
   }
-  std::ifstream in(dir_ + "/" + name);
-  return in.good();
+  require_inside(name, dir_);
+  struct stat st {};
+  if (::stat((dir_ + "/" + name).c_str(), &st) != 0) {
+    SMLA_REQUIRE(errno == ENOENT || errno == ENOTDIR, Status::InvalidArgument,
+                 "kernel source '" + name + "' in '" + dir_ + "': " + std::strerror(errno));
+    return false;
+  }
+  // (A directory of that name was attached as an empty header.)
+  SMLA_REQUIRE(S_ISREG(st.st_mode), Status::InvalidArgument,
+               "kernel source '" + name + "' in '" + dir_ + "' is not a regular file");
+  return true;
 }
 
 const std::string& KernelSources::file(const std::string& name) const {
@@ -38,9 +67,12 @@ const std::string& KernelSources::file(const std::string& name) const {
   std::lock_guard<std::mutex> lock(g_load_mutex);
   for (const auto& f : loaded_)
     if (f.first == name) return f.second;
+  // has(): inside the directory, a regular file (it throws saying what else), or absent.
+  SMLA_REQUIRE(has(name), Status::InvalidArgument,
+               "kernel source '" + name + "' not found in the source directory '" + dir_ + "'");
   std::ifstream in(dir_ + "/" + name, std::ios::binary);
   SMLA_REQUIRE(in.good(), Status::InvalidArgument,
-               "kernel source '" + name + "' not found in the source directory '" + dir_ + "'");
+               "kernel source '" + name + "' in the source directory '" + dir_ + "': " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   loaded_.emplace_back(name, ss.str());
@@ -71,7 +103,15 @@ RenderedSource KernelSources::render(const KernelSpec& spec, const std::string& 
     todo.pop_back();
     for (std::sregex_iterator it(text.begin(), text.end(), inc_re), end; it != end; ++it) {
       std::string name = (*it)[1];
-      if (!seen.insert(name).second || !has(name)) continue;
+      if (!seen.insert(name).second) continue;
+      if (!has(name)) {
+        // A quoted include absent from a source directory was left to NVRTC, which found it in the working
+        // directory: compiled from bytes the cache key never saw (NVRTC is now told not to look there either).
+        SMLA_REQUIRE(dir_.empty(), Status::InvalidArgument,
+                     "kernel source '" + name + "', included by the " + out.name + " translation unit, is not in "
+                     "the source directory '" + dir_ + "' (SMLA_KERNEL_SRC_DIR): every quoted include must be there");
+        continue;
+      }
       out.headers.emplace_back(name, file(name));
       todo.push_back(out.headers.back().second);
     }

@@ -3,6 +3,8 @@
 // Needs NVRTC and the CUDA headers, which CI has: a missing NVRTC fails, it does not skip.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -685,6 +687,45 @@ TEST(NvrtcOffline, CompileErrorsCarryTheLogAndTheDumpedSource) {
   }
 }
 
+// A SMLA_KERNEL_SRC_DIR tree is read whole or refused, naming the file: a quoted include missing from it (NVRTC then
+// read it from the working directory, from bytes the cache key never saw: a changed header there served the old
+// binary), a name reaching out of it, a directory in a file's place (attached as an empty header), an unreadable file.
+TEST(NvrtcOffline, ASourceDirectoryIsReadWholeOrRefused) {
+  char tmpl[] = "/tmp/smla-src-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir + "/" + name) << text; };
+  const KernelSpec spec{"delta", "", {}, {}, {}, 0, 0};
+  auto refusal = [&]() -> std::string {
+    try {
+      KernelSources(dir).render(spec, "cuda");
+      return "(rendered)";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.message();
+      return e.message();
+    }
+  };
+  write("delta.cu", "#include \"present.h\"\n#include \"missing.h\"\n");
+  write("present.h", "// here\n");
+  EXPECT_NE(refusal().find("kernel source 'missing.h', included by the delta.cu translation unit, is not in the "
+                           "source directory '" + dir + "'"),
+            std::string::npos)
+      << refusal();
+  write("delta.cu", "#include \"../outside.h\"\n");
+  EXPECT_NE(refusal().find("'../outside.h': not a path inside the source directory"), std::string::npos) << refusal();
+  write("delta.cu", "#include \"/etc/hostname\"\n");
+  EXPECT_NE(refusal().find("'/etc/hostname': not a path inside the source directory"), std::string::npos) << refusal();
+  write("delta.cu", "#include \"adir.h\"\n");
+  std::filesystem::create_directory(dir + "/adir.h");
+  EXPECT_NE(refusal().find("kernel source 'adir.h' in '" + dir + "' is not a regular file"), std::string::npos)
+      << refusal();
+  write("delta.cu", "#include \"present.h\"\n");
+  const RenderedSource ok = KernelSources(dir).render(spec, "cuda");
+  ASSERT_EQ(ok.headers.size(), 1u);
+  EXPECT_EQ(ok.headers[0].first, "present.h");
+  std::filesystem::remove_all(dir);
+}
+
 // The one writer of failed sources (NVRTC's, hipRTC's, the hipRTC worker's): a directory a failure under
 // SMLA_DUMP_DIR, made with its parents, the source beside its headers (in their subdirectories too), named by every
 // byte. The two writers before did each a part of this: NVRTC's made only the last directory and named a failure by
@@ -719,7 +760,50 @@ TEST(NvrtcOffline, FailedSourcesAreDumpedWhole) {
   std::ofstream(root / "a-file") << "not a directory\n";  // a dump that cannot be written says so, never throws
   ::setenv("SMLA_DUMP_DIR", (root / "a-file" / "d").c_str(), 1);
   EXPECT_EQ(dump_failed_source(src, "sm_90a").rfind("(not written: ", 0), 0u);
+
+  // A header named out of the dump (absolute, or with ".."; a SMLA_KERNEL_SRC_DIR source may say anything) is not
+  // written anywhere: the file outside keeps its bytes.
+  ::setenv("SMLA_DUMP_DIR", dump_dir.c_str(), 1);
+  const std::filesystem::path outside = root / "outside.h";
+  std::ofstream(outside) << "original\n";
+  for (const std::string name : {outside.string(), std::string("../../outside.h"), std::string("sub/../../../outside.h")}) {
+    RenderedSource evil{"dq.cu", "// bad\n", {{name, "// overwritten\n"}}};
+    EXPECT_EQ(dump_failed_source(evil, "sm_90a").rfind("(not written: ", 0), 0u) << name;
+    EXPECT_EQ(slurp(outside), "original\n") << name;
+  }
+  // A link planted in the dump's place of a file is not written through.
+  RenderedSource linked{"dq.cu", "// linked\n", {}};
+  const std::filesystem::path at = dump_failed_source(linked, "sm_90a");
+  ASSERT_TRUE(std::filesystem::is_regular_file(at)) << at;
+  std::filesystem::remove(at);
+  std::filesystem::create_symlink(outside, at);
+  EXPECT_EQ(dump_failed_source(linked, "sm_90a").rfind("(not written: ", 0), 0u);
+  EXPECT_EQ(slurp(outside), "original\n");
+
+  // The default: $TMPDIR/smla-failed-<uid>, the user's own (mode 0700); refused when it is a link or another user's
+  // (a shared /tmp with predictable names: the first user's directory blocked every other user's dumps, or a planted
+  // link took the writes).
   ::unsetenv("SMLA_DUMP_DIR");
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved_tmp = old_tmp ? old_tmp : "";
+  ::setenv("TMPDIR", root.c_str(), 1);
+  const std::filesystem::path mine = root / ("smla-failed-" + std::to_string(::geteuid()));
+  const std::filesystem::path def = dump_failed_source(src, "sm_90a");
+  EXPECT_EQ(def.parent_path().parent_path(), mine) << def;
+  struct stat st {};
+  ASSERT_EQ(::stat(mine.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  std::filesystem::remove_all(mine);
+  std::filesystem::create_directory_symlink(root / "not", mine);
+  EXPECT_NE(dump_failed_source(src, "sm_90a").find("is not a directory"), std::string::npos);
+  std::filesystem::remove(mine);
+  if (::geteuid() == 0) {  // another user's directory (only root can make one here)
+    std::filesystem::create_directory(mine);
+    ASSERT_EQ(::chown(mine.c_str(), 4242, 4242), 0);
+    EXPECT_NE(dump_failed_source(src, "sm_90a").find("belongs to another user"), std::string::npos);
+  }
+  if (old_tmp) ::setenv("TMPDIR", saved_tmp.c_str(), 1);
+  else ::unsetenv("TMPDIR");
   std::filesystem::remove_all(root);
 }
 

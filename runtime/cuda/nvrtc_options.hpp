@@ -8,8 +8,11 @@
 namespace smla::cuda {
 
 inline std::vector<std::string> nvrtc_base_options(const std::string& target) {
+  // --no-source-include: NVRTC looks for a quoted include beside the source first, which for a source without a
+  // directory is the process's working directory: a header missing from SMLA_KERNEL_SRC_DIR was read from there,
+  // from bytes the cache key never saw. Every header smla compiles with is attached to the program.
   std::vector<std::string> o{"--gpu-architecture=" + target, "-std=c++17", "-default-device", "-DSMLA_NVRTC=1",
-                             "--device-int128"};
+                             "--device-int128", "--no-source-include"};
   std::sort(o.begin(), o.end());
   return o;
 }
