@@ -79,10 +79,18 @@ struct Span {
   uintptr_t lo = 0, hi = 0;
 };
 
+// Strides may say anything: a span past 2^62 bytes (no memory is that large; a stride of 2^60 elements overflowed
+// int64 here, undefined behaviour, and the overlap checks then ran on a wrapped interval) is refused by name.
+constexpr __int128 kMaxSpanBytes = __int128(1) << 62;
+
 Span span_of(const char* name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
              size_t elem) {
   Span s{name, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(ptr)};
-  if (ptr) s.hi = s.lo + static_cast<uintptr_t>(((n_t - 1) * st + (n_h - 1) * sh + row) * int64_t(elem));
+  if (!ptr) return s;
+  const __int128 bytes = (__int128(n_t - 1) * st + __int128(n_h - 1) * sh + row) * __int128(elem);
+  if (bytes > kMaxSpanBytes || __int128(s.lo) + bytes > __int128(UINTPTR_MAX))
+    arg_error(name, "strides whose rows fit in memory (they span more than 2^62 bytes)", Status::InvalidArgument);
+  s.hi = s.lo + static_cast<uintptr_t>(bytes);
   return s;
 }
 
@@ -106,14 +114,14 @@ void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* 
   if (n_t > 1) dims[nd++] = {n_t, st, st_name};
   if (n_h > 1) dims[nd++] = {n_h, sh, sh_name};
   if (nd == 2 && dims[1].s < dims[0].s) std::swap(dims[0], dims[1]);
-  int64_t extent = row;
+  __int128 extent = row;  // (128 bits: a huge stride times the count overflowed int64; span_of refuses such strides)
   for (int i = 0; i < nd; ++i) {
     const Dim& d = dims[i];
     if (d.s < extent)
-      tensor_error(d.name, "a stride >= " + std::to_string(extent) + " elements: at " + std::to_string(d.s) + " the " +
-                               name + " rows of different " + (d.name == st_name ? "tokens" : "heads") +
+      tensor_error(d.name, "a stride >= " + std::to_string(int64_t(extent)) + " elements: at " + std::to_string(d.s) +
+                               " the " + name + " rows of different " + (d.name == st_name ? "tokens" : "heads") +
                                " overlap, and they are written at the same time");
-    extent += (d.n - 1) * d.s;
+    extent += __int128(d.n - 1) * d.s;
   }
 }
 

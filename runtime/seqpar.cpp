@@ -17,7 +17,12 @@ template <class T>
 T* offset_rows(T* p, int64_t rows, int64_t stride_elems, size_t elem_bytes) {
   if (!p) return p;
   using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
-  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + rows * stride_elems * int64_t(elem_bytes));
+  int64_t bytes = 0;  // (a stride past any memory overflowed here; the rank's run() then names such strides)
+  SMLA_REQUIRE(!__builtin_mul_overflow(rows, stride_elems, &bytes) &&
+                   !__builtin_mul_overflow(bytes, int64_t(elem_bytes), &bytes),
+               Status::InvalidArgument, "a token stride of " + std::to_string(stride_elems) + " elements: row " +
+                                            std::to_string(rows) + " lies past any memory");
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + bytes);
 }
 }  // namespace
 

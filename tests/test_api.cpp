@@ -70,6 +70,11 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.q = DType::F16; }, "Tensors::q dtype: expected bf16 (got f16)");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.topk = DType::I64; }, "Tensors::topk dtype: expected i32");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dtypes.lse = DType::BF16; }, "Tensors::lse dtype: expected f32");
+    // A stride past any memory (an uninitialised one, say) is named; 15 x 2^60 overflowed int64 in the overlap
+    // checks before, which then worked on a wrapped interval.
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = int64_t(1) << 60; },
+                   "Tensors::q: expected strides whose rows fit in memory");
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = int64_t(1) << 61; }, "Tensors::dq");
   }
 }
 
