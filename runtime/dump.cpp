@@ -10,10 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <stdexcept>
+
+#include "relative_path.hpp"
 
 namespace smla {
 
@@ -37,19 +38,6 @@ void own_dir(const std::string& dir) {
   if (::lstat(dir.c_str(), &st) != 0) fail("cannot stat " + dir);
   if (!S_ISDIR(st.st_mode)) throw std::runtime_error(dir + " is not a directory (a link or a file in its place)");
   if (st.st_uid != ::geteuid()) throw std::runtime_error(dir + " belongs to another user");
-}
-
-// A header's name as a path inside the dump's directory: relative, and no component "." or ".." or empty (an absolute
-// one or one with "..", from a SMLA_KERNEL_SRC_DIR source, would have put the file anywhere).
-bool relative_name(const std::string& name) {
-  if (name.empty() || name[0] == '/') return false;
-  for (size_t b = 0; b <= name.size();) {
-    const size_t e = std::min(name.find('/', b), name.size());
-    const std::string part = name.substr(b, e - b);
-    if (part.empty() || part == "." || part == "..") return false;
-    b = e + 1;
-  }
-  return true;
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -96,7 +84,8 @@ std::string dump_failed_source(const RenderedSource& src, const std::string& tar
     const std::string sub = dir + "/" + stem + "-" + safe_target + "-" + hex;
     own_dir(sub);
     auto write = [&](const std::string& name, const std::string& text) {
-      if (!relative_name(name)) throw std::runtime_error("'" + name + "' is not a relative path without '..'");
+      // (an absolute name or one with "..", from a SMLA_KERNEL_SRC_DIR source, would have put the file anywhere)
+      if (!stays_inside(name)) throw std::runtime_error("'" + name + "' is not a relative path without '..'");
       for (size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1))
         own_dir(sub + "/" + name.substr(0, slash));  // "sub/x.h": sub/, the user's, no link
       write_file(sub + "/" + name, text);

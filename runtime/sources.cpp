@@ -3,7 +3,6 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "check.hpp"
+#include "relative_path.hpp"
 
 namespace smla {
 
@@ -25,16 +25,9 @@ std::mutex g_load_mutex;
 KernelSources::KernelSources(std::string dir) : dir_(std::move(dir)) {}
 
 namespace {
-// A name of the source directory: relative, without "." or ".." components (an include may not reach out of it).
+// An include may not reach out of the source directory.
 void require_inside(const std::string& name, const std::string& dir) {
-  bool ok = !name.empty() && name[0] != '/';
-  for (size_t b = 0; ok && b <= name.size();) {
-    const size_t e = std::min(name.find('/', b), name.size());
-    const std::string part = name.substr(b, e - b);
-    ok = !part.empty() && part != "." && part != "..";
-    b = e + 1;
-  }
-  SMLA_REQUIRE(ok, Status::InvalidArgument,
+  SMLA_REQUIRE(stays_inside(name), Status::InvalidArgument,
                "kernel source '" + name + "': not a path inside the source directory '" + dir + "'");
 }
 }  // namespace

@@ -1,0 +1,21 @@
+// relative_path.hpp: whether a name stays inside the directory it is joined to (kernel sources read from
+// SMLA_KERNEL_SRC_DIR, failed sources written under the dump directory): relative, with no empty, "." or ".."
+// component. An absolute name or one with ".." reached out of the directory.
+#pragma once
+#include <algorithm>
+#include <string>
+
+namespace smla {
+
+inline bool stays_inside(const std::string& name) {
+  if (name.empty() || name[0] == '/') return false;
+  for (size_t b = 0; b <= name.size();) {
+    const size_t e = std::min(name.find('/', b), name.size());
+    const std::string part = name.substr(b, e - b);
+    if (part.empty() || part == "." || part == "..") return false;
+    b = e + 1;
+  }
+  return true;
+}
+
+}  // namespace smla
