@@ -403,9 +403,9 @@ int main(int argc, char** argv) {
       "Shapes as in smla-warmup: --shape T,H,NUM_KV,TOPK, each field a number, A:B:STEP or A:B:*F (no R_CHUNK:\n"
       "r_chunk is tuned) (default: the seed shape 4096,128,5120,512; --sink applies to it too). Every problem is\n"
       "validated before the first is tuned, and the database checked writable; a problem that then fails on the\n"
-      "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked against the float64 reference at the\n"
-      "contract's bar on T = --check-t (same H, topk, sink and num_kv/T ratio), then timed at the real T\n"
-      "with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
+      "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked\n"
+      "against the float64 reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T\n"
+      "ratio), then timed at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by device (target,\n"
       "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
       "power-of-two buckets of T and num_kv.");
