@@ -18,6 +18,15 @@
 //             runs, then this round's dQ; wait for the next S/dP only (dQ stays in flight): the pipelined pair.
 //             pipe ~ mma: the exchange hides under the tensor work; pipe ~ serial: it does not (the issue of the next
 //             S/dP then holds the warpgroup until the tensor pipe has taken it, as dq-sdp-ahead found, v25).
+// c54 (H100) found the st.async exchange no cheaper than v17's cluster barriers (~1600 cycles a round at 4 KB) and
+// not hidden by `pipe`; likely cause, one remote mbarrier update a 16-byte piece. The bulk modes (perf notes v32) send
+// a warp's pieces as one copy instead: each thread stores its pieces into a local staging buffer, and one lane a warp
+// issues cp.async.bulk.shared::cluster into the peer (one complete_tx a warp); the peer hands a buffer back with one
+// remote arrive a warp. Three receive and three staging buffers.
+//   bulk      the exchange alone, by bulk copies
+//   bpipe     `pipe` with the bulk exchange (round r sent and received under round r + 1's S/dP)
+//   blate     the wait a tile later: round r + 1's S/dP issued, round r received (sent one step before) and its dQ
+//             issued, then round r + 1 sent once its S/dP is done. The copy then has a whole S/dP to land.
 // Standalone (not part of the library or its tests; ctest Bench.DsmemAsyncBuildsForSm90a builds it):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o dsmem_async bench/dsmem_async.cu
 #include <cooperative_groups.h>
@@ -34,10 +43,14 @@ namespace cg = cooperative_groups;
 constexpr int kRounds = 1000;
 constexpr int kThreads = 256;                 // two warpgroups
 constexpr int kOps = 64 * 1024;               // A: 2 x 32 KB (one a warpgroup), B: 32 KB; swizzled 64-column chunks
-constexpr int kRecv = 2 * 16 * 1024;          // two receive buffers of up to 16 KB
-constexpr int kSmem = kOps + 32 * 1024 + kRecv + 1024 + 64;
-enum Mode { kMma = 0, kXchg = 1, kSerial = 2, kPipe = 3 };
-const char* const kModeName[] = {"mma", "xchg", "serial", "pipe"};
+constexpr int kNb = 3;                        // receive buffers (and the bulk modes' staging buffers)
+constexpr int kBuf = 16 * 1024;               // up to 16 KB each
+constexpr int kRecv = kNb * kBuf;
+constexpr int kStage = kNb * kBuf;
+constexpr int kBars = 2 * kNb * 8;            // full[kNb], empty[kNb]
+constexpr int kSmem = kOps + 32 * 1024 + kRecv + kStage + kBars + 1024;  // + 1024: the base's alignment
+enum Mode { kMma = 0, kXchg = 1, kSerial = 2, kPipe = 3, kBulk = 4, kBPipe = 5, kBLate = 6 };
+const char* const kModeName[] = {"mma", "xchg", "serial", "pipe", "bulk", "bpipe", "blate"};
 
 __device__ __forceinline__ unsigned mapa(unsigned addr, unsigned rank) {
   unsigned r;
@@ -94,20 +107,25 @@ __device__ __forceinline__ void issue_dq(float (&q)[64], unsigned a, unsigned b)
   smla_wgmma_commit();
 }
 
-// One exchange of round r: this thread's `pieces` 16-byte pieces of `d` into the peer's receive buffer r % 2, the
-// peer's pieces read back from ours, our buffer handed back. Barriers (this CTA's addresses): full[2] (count 1: thread
-// 0's expect_tx; the peer's st.async complete the bytes), empty[2] (count kThreads: the peer's threads, remotely).
+// Round r uses buffer r % kNb for its k = r / kNb-th time: its barriers' phase parity is k & 1.
+__device__ __forceinline__ int buf_of(int r) { return r % kNb; }
+__device__ __forceinline__ unsigned parity_of(int r) { return (r / kNb) & 1; }
+
+// One exchange of round r by st.async: this thread's `pieces` 16-byte pieces of `d` into the peer's receive buffer, the
+// peer's pieces read back from ours, our buffer handed back. Barriers (this CTA's addresses): full[kNb] (count 1:
+// thread 0's expect_tx; the peer's st.async complete the bytes), empty[kNb] (count kThreads: the peer's threads,
+// remotely).
 template <int PIECES>
 __device__ __forceinline__ float exchange(const float (&d)[32], int r, unsigned recv, unsigned full, unsigned empty,
                                           unsigned peer) {
-  const int buf = r & 1;
-  const unsigned phase = (r >> 1) & 1;
+  const int buf = buf_of(r);
+  const unsigned phase = parity_of(r);
   float s = 0.f;
   if constexpr (PIECES == 0) return s;
   if (threadIdx.x == 0) mbar_expect_tx(full + 8 * buf, PIECES * 16 * kThreads);
-  // The peer's buffer `buf` is free once the peer read round r - 2 from it (its threads arrive on our empty[buf]).
-  if (r >= 2) mbar_wait_cluster(empty + 8 * buf, phase ^ 1);
-  const unsigned mine = recv + buf * 16384 + threadIdx.x * 16;  // piece j of a thread at + j * 16 * kThreads
+  // The peer's buffer `buf` is free once the peer read round r - kNb from it (its threads arrive on our empty[buf]).
+  if (r >= kNb) mbar_wait_cluster(empty + 8 * buf, phase ^ 1);
+  const unsigned mine = recv + buf * kBuf + threadIdx.x * 16;  // piece j of a thread at + j * 16 * kThreads
   const unsigned rbar = mapa(full + 8 * buf, peer);
 #pragma unroll
   for (int j = 0; j < PIECES; ++j) {
@@ -126,9 +144,58 @@ __device__ __forceinline__ float exchange(const float (&d)[32], int r, unsigned 
   return s;
 }
 
+// The bulk exchange, in two halves so that a round's receive can come a step after its send. A warp's pieces are
+// contiguous: piece j of lane l of warp w at w * PIECES * 512 + j * 512 + l * 16, in the staging buffer and in the
+// peer's receive buffer alike. Barriers: full[kNb] (count 1: thread 0's expect_tx; one complete_tx a peer warp),
+// empty[kNb] (count kWarps: one remote arrive a peer warp). Our staging buffer `buf` is free again once the peer has
+// freed its receive buffer `buf` (the copy out of it completed before the peer's full barrier did).
+constexpr int kWarps = kThreads / 32;
+template <int PIECES>
+__device__ __forceinline__ void bulk_send(const float (&d)[32], int r, unsigned stage, unsigned recv, unsigned full,
+                                          unsigned empty, unsigned peer) {
+  if constexpr (PIECES == 0) return;
+  const int buf = buf_of(r);
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) mbar_expect_tx(full + 8 * buf, PIECES * 16 * kThreads);
+  if (r >= kNb) mbar_wait_cluster(empty + 8 * buf, parity_of(r) ^ 1);
+  const unsigned off = buf * kBuf + warp * PIECES * 512;
+#pragma unroll
+  for (int j = 0; j < PIECES; ++j)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(stage + off + j * 512 + lane * 16), "f"(d[4 * j]),
+                 "f"(d[4 * j + 1]), "f"(d[4 * j + 2]), "f"(d[4 * j + 3])
+                 : "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, seen by the copy engine
+  __syncwarp();
+  if (lane == 0)
+    asm volatile(
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            mapa(recv + off, peer)),
+        "r"(stage + off), "r"(PIECES * 512), "r"(mapa(full + 8 * buf, peer))
+        : "memory");
+}
+template <int PIECES>
+__device__ __forceinline__ float bulk_recv(int r, unsigned recv, unsigned full, unsigned empty, unsigned peer) {
+  float s = 0.f;
+  if constexpr (PIECES == 0) return s;
+  const int buf = buf_of(r);
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  mbar_wait_cluster(full + 8 * buf, parity_of(r));  // every peer warp's copy has landed
+  const unsigned off = buf * kBuf + warp * PIECES * 512;
+#pragma unroll
+  for (int j = 0; j < PIECES; ++j) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(recv + off + j * 512 + lane * 16));
+    s += v.x + v.y + v.z + v.w;
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive_remote(mapa(empty + 8 * buf, peer));  // the peer may send into buffer `buf` again
+  return s;
+}
+
 template <int PIECES>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
-    xchg_kernel(int mode, long long* cycles, float* sink) {
+    xchg_kernel(int mode, long long* cycles, float* sink, int* bad) {
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<size_t>(smem_raw) + 1023) & ~size_t(1023));
   cg::cluster_group cluster = cg::this_cluster();
@@ -136,15 +203,16 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   const unsigned base = smla_smem_addr(smem);
   const unsigned a = base + wg * 32768, b = base + kOps;
-  const unsigned recv = base + kOps + 32768;
-  const unsigned full = recv + kRecv, empty = full + 16;
+  const unsigned recv = base + kOps + 32768, stage = recv + kRecv;
+  const unsigned full = stage + kStage, empty = full + 8 * kNb;
+  const bool bulk_mode = mode >= kBulk;
   for (int i = threadIdx.x; i < (kOps + 32768) / 4; i += blockDim.x)  // nonzero operands (bf16 in 1/16 .. 1)
     reinterpret_cast<unsigned*>(smem)[i] = 0x3D803D80u + ((i * 2654435761u) >> 25) * 0x00010001u;
   if (threadIdx.x == 0) {
-    smla_mbar_init(full, 1);
-    smla_mbar_init(full + 8, 1);
-    smla_mbar_init(empty, kThreads);
-    smla_mbar_init(empty + 8, kThreads);
+    for (int i = 0; i < kNb; ++i) {
+      smla_mbar_init(full + 8 * i, 1);
+      smla_mbar_init(empty + 8 * i, bulk_mode ? kWarps : kThreads);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -181,7 +249,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
       smla_wgmma_wait<0>();
       smla_fence_regs(q);
     }
-  } else {  // kPipe: round r + 1's S/dP runs under round r's exchange (two accumulator sets), then round r's dQ
+  } else if (mode == kPipe) {  // round r + 1's S/dP runs under round r's exchange (two accumulator sets), then round r's dQ
     issue_mma(d0, a, b);
     smla_wgmma_wait<0>();
     smla_fence_regs(d0);
@@ -199,11 +267,61 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
     }
     smla_wgmma_wait<0>();
     smla_fence_regs(q);
+  } else if (mode == kBulk) {
+    for (int r = 0; r < kRounds; ++r) {
+      d0[0] += 1.f;
+      bulk_send<PIECES>(d0, r, stage, recv, full, empty, peer);
+      s += bulk_recv<PIECES>(r, recv, full, empty, peer);
+    }
+  } else if (mode == kBPipe) {  // kPipe with the bulk exchange
+    issue_mma(d0, a, b);
+    smla_wgmma_wait<0>();
+    smla_fence_regs(d0);
+    for (int r = 0; r < kRounds; r += 2) {
+      issue_mma(d1, a, b);
+      bulk_send<PIECES>(d0, r, stage, recv, full, empty, peer);
+      s += bulk_recv<PIECES>(r, recv, full, empty, peer);
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<1>();
+      smla_fence_regs(d1);
+      issue_mma(d0, a, b);
+      bulk_send<PIECES>(d1, r + 1, stage, recv, full, empty, peer);
+      s += bulk_recv<PIECES>(r + 1, recv, full, empty, peer);
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<1>();
+      smla_fence_regs(d0);
+    }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(q);
+  } else {  // kBLate: round r's receive a step after its send; round r's accumulators live until then
+    issue_mma(d0, a, b);
+    smla_wgmma_wait<0>();
+    smla_fence_regs(d0);
+    bulk_send<PIECES>(d0, 0, stage, recv, full, empty, peer);
+    for (int r = 0; r < kRounds; r += 2) {
+      issue_mma(d1, a, b);  // round r + 1's S/dP
+      s += bulk_recv<PIECES>(r, recv, full, empty, peer) + d0[0];
+      issue_dq(q, qa, qb);  // round r's dQ
+      smla_wgmma_wait<1>();
+      smla_fence_regs(d1);
+      bulk_send<PIECES>(d1, r + 1, stage, recv, full, empty, peer);
+      issue_mma(d0, a, b);  // round r + 2's (one extra at the end: a round's S/dP, not counted)
+      s += bulk_recv<PIECES>(r + 1, recv, full, empty, peer) + d1[0];
+      issue_dq(q, qa, qb);
+      smla_wgmma_wait<1>();
+      smla_fence_regs(d0);
+      if (r + 2 < kRounds) bulk_send<PIECES>(d0, r + 2, stage, recv, full, empty, peer);
+    }
+    smla_wgmma_wait<0>();
+    smla_fence_regs(q);
   }
   __syncthreads();  // the CTA's time, not warpgroup 0's (c54 read warpgroup 0 alone: 682 cycles for ~1536 of MMA)
   const long long t1 = clock64();
   cluster.sync();  // no CTA leaves while its peer may still write into it or arrive on it
   if (blockIdx.x == 0 && threadIdx.x == 0) *cycles = t1 - t0;
+  // The exchange-alone modes check what arrived: round r's pieces sum to r + 1 (d0[0] counts the rounds, the rest of
+  // the sent pieces are 0), so the rounds sum to kRounds (kRounds + 1) / 2, exact in fp32.
+  if ((mode == kXchg || mode == kBulk) && PIECES > 0 && s != 0.5f * kRounds * (kRounds + 1)) atomicAdd(bad, 1);
 #pragma unroll
   for (int j = 0; j < 32; ++j) s += d0[j] + d1[j] + q[j] + q[j + 32];
   if (s == 1234.5f) sink[threadIdx.x] = s;  // keeps the work
@@ -211,17 +329,21 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
 
 // One row of the table: BYTES a CTA a round (PIECES 16-byte pieces a thread), every mode.
 template <int PIECES>
-void row(int blocks, long long* dc, float* ds) {
+void row(int blocks, long long* dc, float* ds, int* db) {
   CHECK(cudaFuncSetAttribute(xchg_kernel<PIECES>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   printf("%6d", PIECES * 16 * kThreads);
-  for (int mode = kMma; mode <= kPipe; ++mode) {
-    xchg_kernel<PIECES><<<blocks, kThreads, 200 * 1024>>>(mode, dc, ds);  // warm-up
+  for (int mode = kMma; mode <= kBLate; ++mode) {
+    CHECK(cudaMemset(db, 0, sizeof(int)));
+    xchg_kernel<PIECES><<<blocks, kThreads, 200 * 1024>>>(mode, dc, ds, db);  // warm-up
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
-    median_ms([&] { xchg_kernel<PIECES><<<blocks, kThreads, 200 * 1024>>>(mode, dc, ds); }, 5, 0);
+    median_ms([&] { xchg_kernel<PIECES><<<blocks, kThreads, 200 * 1024>>>(mode, dc, ds, db); }, 5, 0);
     long long cyc = 0;
     CHECK(cudaMemcpy(&cyc, dc, sizeof(cyc), cudaMemcpyDeviceToHost));
-    printf(" %8.1f", (double)cyc / kRounds);
+    int nbad = 0;
+    CHECK(cudaMemcpy(&nbad, db, sizeof(nbad), cudaMemcpyDeviceToHost));
+    if (nbad) printf(" %8s", "WRONG");  // the pieces did not arrive as sent
+    else printf(" %8.1f", (double)cyc / kRounds);
   }
   printf("\n");
 }
@@ -233,20 +355,23 @@ int main() {
   float* ds;
   CHECK(cudaMalloc(&dc, sizeof(long long)));
   CHECK(cudaMalloc(&ds, kThreads * sizeof(float)));
+  int* db;
+  CHECK(cudaMalloc(&db, sizeof(int)));
   static_assert(kSmem <= 200 * 1024, "dsmem_async: the carve exceeds what is asked for");
   const int blocks = sms & ~1;  // whole clusters, one CTA an SM
   printf("clusters of 2, one CTA an SM, %d CTAs; SM cycles a round (a warpgroup's S/dP 16 wgmma m64n64k16, dQ 4 "
-         "m64n128k16; exchange of BYTES a CTA each way by st.async + mbarrier)\n",
+         "m64n128k16; exchange of BYTES a CTA each way: st.async + mbarrier, or bulk copies a warp)\n",
          blocks);
   printf("%6s", "BYTES");
   for (const char* m : kModeName) printf(" %8s", m);
   printf("\n");
-  row<0>(blocks, dc, ds);
-  row<1>(blocks, dc, ds);
-  row<2>(blocks, dc, ds);
-  row<4>(blocks, dc, ds);
-  printf("(pipe ~ mma: the exchange hides under the next tile's MMA; pipe ~ serial: it does not)\n");
+  row<0>(blocks, dc, ds, db);
+  row<1>(blocks, dc, ds, db);
+  row<2>(blocks, dc, ds, db);
+  row<4>(blocks, dc, ds, db);
+  printf("(pipe, bpipe or blate ~ mma: the exchange hides under the next tile's MMA; ~ serial: it does not)\n");
   CHECK(cudaFree(dc));
   CHECK(cudaFree(ds));
+  CHECK(cudaFree(db));
   return 0;
 }
