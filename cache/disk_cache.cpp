@@ -181,9 +181,11 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
       std::string why = dangling_symlink(I.user.entries());
       if (why.empty()) why = dangling_symlink(I.user.staging());
       if (why.empty()) why = ec ? ec.message() : err;
-      log().warn("smla-cache: cannot write cache directory {} ({}); using it read-only if it "
-                 "exists, keeping new kernels in memory. Set SMLA_CACHE_DIR to a writable path.",
-                 s_.dir, why);
+      unwritable_reason_ = why;
+      if (s_.warn_unwritable)
+        log().warn("smla-cache: cannot write cache directory {} ({}); using it read-only if it "
+                   "exists, keeping new kernels in memory. Set SMLA_CACHE_DIR to a writable path.",
+                   s_.dir, why);
     }
   }
   readable_ = fs::is_directory(I.user.entries(), ec);

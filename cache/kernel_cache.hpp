@@ -52,6 +52,9 @@ struct Settings {
   std::string lock_dir;    ///< SMLA_CACHE_LOCK_DIR, node-local. Empty (default): <dir>/.locks when
                            ///< the cache is on a local filesystem, else /tmp/smla-locks-<uid>
   double lock_timeout_s = 120;  ///< SMLA_CACHE_LOCK_TIMEOUT_S: then the waiter compiles itself
+  /// Whether an unwritable cache directory is logged as a warning (with the hint to set SMLA_CACHE_DIR). A
+  /// caller that names the directory itself (smla-warmup's --out) turns it off and reports unwritable_reason().
+  bool warn_unwritable = true;
   int64_t stale_staging_s = 3600;  ///< SMLA_CACHE_STALE_S: staging of any other process older than
                                    ///< this is removed (same host: already once its pid is gone
                                    ///< and it is older than 10 minutes)
@@ -131,6 +134,8 @@ class DiskCache {
   const Settings& settings() const { return s_; }
   /// True when entries can be published to settings().dir.
   bool writable() const { return writable_; }
+  /// Why the directory could not be written (empty when it can, or when it was not to be: read-only, disabled).
+  const std::string& unwritable_reason() const { return unwritable_reason_; }
 
   // Maintenance, for smla-cache (user cache only). Never throw.
   std::vector<EntryInfo> list() const;
@@ -147,6 +152,7 @@ class DiskCache {
   struct Impl;
   Settings s_;
   bool readable_ = false, writable_ = false;
+  std::string unwritable_reason_;
   std::unique_ptr<Impl> impl_;
 };
 

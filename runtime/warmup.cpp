@@ -245,9 +245,11 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   cs.disable = false;
   cs.readonly = false;
   cs.max_bytes = 0;
+  cs.warn_unwritable = false;  // the cache's warning would say to set SMLA_CACHE_DIR: the reason goes in the error below
   cache::DiskCache disk(cs);
   SMLA_REQUIRE(disk.writable(), Status::InvalidArgument,
-               "cannot write the warm-up output directory " + opts.out_dir + " (see the warning above; pick another --out)");
+               "cannot write the warm-up output directory " + opts.out_dir + " (" + disk.unwritable_reason() +
+                   "); pick another --out");
 
   std::mutex mu;
   std::atomic<size_t> next{0};

@@ -640,8 +640,13 @@ TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
   std::ofstream(file) << "not a directory\n";
   r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --out " + file + "/aot", scratch);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("smla-warmup: cannot write the warm-up output directory " + file + "/aot"), std::string::npos)
+  EXPECT_NE(r.err.find("smla-warmup: cannot write the warm-up output directory " + file + "/aot ("), std::string::npos)
       << r.err;
+  // The reason is in the error, and the runtime cache's advice (set SMLA_CACHE_DIR, kernels kept in memory) is not
+  // given: the warm-up writes to --out, never to the user cache.
+  EXPECT_NE(r.err.find("Not a directory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("SMLA_CACHE_DIR"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("in memory"), std::string::npos) << r.err;
 }
 
 // A problem list's key outside its list is refused, not dropped ("Sink" warmed no d_sink kernel, exit 0).
