@@ -178,6 +178,24 @@ std::shared_ptr<const Plan> Runtime::plan(const Problem& p) { return plan_with(p
 
 std::shared_ptr<const Plan> Runtime::plan(const Problem& p, const TileConfig& cfg) { return plan_with(p, &cfg); }
 
+bool tuned_entry_fits(BackendKind kind, const Problem& p, const TileConfig& t, size_t interm_budget,
+                      const std::string& target, std::string* why) {
+  const ShapeInfo ts = shape_with_config(p, &t, interm_budget, target);
+  if (int64_t(ts.t_chunks) * ts.n_chunks > kMaxChunkPairs) {  // a tuned r_chunk at a larger T
+    if (why) *why = "its r_chunk makes more than " + std::to_string(kMaxChunkPairs) + " chunk pairs here";
+    return false;
+  }
+  // Each backend's own kernels judge the entry (on HIP it went unchecked, and plan() then threw where the heuristic
+  // would have planned).
+  switch (kind) {
+    case BackendKind::Cuda: return cuda_shape_supported(ts, why);
+    case BackendKind::Hip: return hip_shape_supported(ts, why);
+    default:
+      if (why) why->clear();
+      return true;
+  }
+}
+
 std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileConfig* cfg) {
   Problem p = p_in;
   if (cfg) validate_config(*cfg);
@@ -206,14 +224,7 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     const size_t budget = runtime_env().interm_budget;
     if (auto t = impl_->tuning.lookup(device_class, p)) {
       std::string no;
-      const ShapeInfo ts = shape_with_config(p, &*t, budget, target);
-      const bool few_chunks = int64_t(ts.t_chunks) * ts.n_chunks <= kMaxChunkPairs;  // a tuned r_chunk at a larger T
-      if (!few_chunks) no = "its r_chunk makes more than " + std::to_string(kMaxChunkPairs) + " chunk pairs here";
-      // Each backend's own kernels judge the entry (on HIP it went unchecked, and plan() then threw where the
-      // heuristic would have planned).
-      const bool fits = few_chunks && (kind == BackendKind::Cuda  ? cuda_shape_supported(ts, &no)
-                                       : kind == BackendKind::Hip ? hip_shape_supported(ts, &no)
-                                                                  : true);
+      const bool fits = tuned_entry_fits(kind, p, *t, budget, target, &no);
       if (fits) {
         tuned = *t;
         cfg = &tuned;

@@ -47,6 +47,12 @@ std::string tuning_device_class(const std::string& target, const std::string& de
 /// The target of a device class (its text before the first '/').
 std::string target_of_device_class(const std::string& device_class);
 
+/// Whether a tuned entry may be used for p on `kind`'s kernels at `target` (plan() asks before it takes one): the
+/// backend's own shape check on the config (the CPU backend takes any), and no more than kMaxChunkPairs chunk pairs.
+/// False says why; the planner then warns and uses its heuristic.
+bool tuned_entry_fits(BackendKind kind, const Problem& p, const TileConfig& t, size_t interm_budget,
+                      const std::string& target, std::string* why);
+
 /// How long a store waits for another writer's lock by default (SMLA_TUNING_DB_LOCK_TIMEOUT_S overrides it); a store
 /// itself takes milliseconds.
 constexpr double kTuningDbLockTimeoutS = 60;

@@ -248,6 +248,37 @@ TEST(TuningDb, ShapeWithConfigMatchesPlan) {
   EXPECT_FALSE(applied.sm90a);
 }
 
+// plan() takes a tuned entry only where the backend's own kernels can run it (tuned_entry_fits). On HIP the entry went
+// unchecked, and plan() then threw where the heuristic would have planned; a Runtime cannot reach that branch here
+// (no AMD GPU: the HIP backend is not usable), so the gate is asked directly, for each backend.
+TEST(TuningDb, EachBackendJudgesATunedEntryByItsOwnKernels) {
+  const size_t budget = size_t(1) << 30;
+  const Problem p = problem(4096);  // H 128, TOPK 512
+  TileConfig wide{64, 32, 0, 0, 0};  // a 64 x 32 dq tile: CUDA's wgmma tile; more than 4 wavefronts on AMD
+  std::string why;
+  EXPECT_TRUE(tuned_entry_fits(BackendKind::Cuda, p, wide, budget, "sm_90a", &why)) << why;
+  EXPECT_TRUE(why.empty()) << why;
+  EXPECT_FALSE(tuned_entry_fits(BackendKind::Hip, p, wide, budget, "gfx950", &why));
+  EXPECT_NE(why.find("dq tile 64x32"), std::string::npos) << why;
+  EXPECT_TRUE(tuned_entry_fits(BackendKind::Cpu, p, wide, budget, "cpu", &why)) << why;
+  const TileConfig narrow{16, 32, 0, 0, 0};  // fits a CU
+  EXPECT_TRUE(tuned_entry_fits(BackendKind::Hip, p, narrow, budget, "gfx950", &why)) << why;
+  // A tile no backend can run is refused by each GPU backend, naming the field.
+  const TileConfig huge{64, 1966560, 0, 0, 0};
+  EXPECT_FALSE(tuned_entry_fits(BackendKind::Cuda, p, huge, budget, "sm_90a", &why));
+  EXPECT_NE(why.find("dq_block_r = 1966560"), std::string::npos) << why;
+  EXPECT_FALSE(tuned_entry_fits(BackendKind::Hip, p, huge, budget, "gfx950", &why));
+  EXPECT_NE(why.find("dq tile 64x1966560"), std::string::npos) << why;
+  // A tuned r_chunk that makes too many chunk pairs at this budget is refused on every backend, the CPU's too.
+  const TileConfig tiny_chunks{0, 0, 0, 0, 1};
+  const ShapeInfo s = shape_with_config(p, &tiny_chunks, 16 << 10, "sm_90a");
+  ASSERT_GT(int64_t(s.t_chunks) * s.n_chunks, kMaxChunkPairs);
+  for (BackendKind k : {BackendKind::Cpu, BackendKind::Cuda, BackendKind::Hip}) {
+    EXPECT_FALSE(tuned_entry_fits(k, p, tiny_chunks, 16 << 10, "sm_90a", &why)) << backend_name(k);
+    EXPECT_NE(why.find("chunk pairs"), std::string::npos) << why;
+  }
+}
+
 // Four processes store 25 entries each, interleaved: a read-modify-write without the lock loses
 // entries; with it, all 100 are there.
 TEST(TuningDb, ConcurrentWritersMerge) {
