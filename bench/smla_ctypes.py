@@ -11,7 +11,7 @@ Every status is checked: a failed call raises SmlaError with smla_last_error()'s
 below mirror smla.h field by field (same order, same C types); strides are in elements.
 """
 import ctypes
-from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p, sizeof
 
 # smla_status_t, smla_backend_t, smla_dtype_t: C enums, int-sized.
 SMLA_OK = 0
@@ -86,10 +86,11 @@ class Smla:
         L.smla_runtime_destroy.argtypes, L.smla_runtime_destroy.restype = [c_void_p], None
         L.smla_plan_create.argtypes = [c_void_p, POINTER(SmlaProblem), POINTER(c_void_p)]
         L.smla_plan_create.restype = c_int
-        L.smla_plan_options_init.argtypes, L.smla_plan_options_init.restype = [POINTER(SmlaPlanOptions)], None
+        L.smla_plan_options_init_sized.argtypes = [POINTER(SmlaPlanOptions), c_size_t]
+        L.smla_plan_options_init_sized.restype = None
         L.smla_plan_create_ex.argtypes = [c_void_p, POINTER(SmlaProblem), POINTER(SmlaPlanOptions), POINTER(c_void_p)]
         L.smla_plan_create_ex.restype = c_int
-        L.smla_plan_info_init.argtypes, L.smla_plan_info_init.restype = [POINTER(SmlaPlanInfo)], None
+        L.smla_plan_info_init_sized.argtypes, L.smla_plan_info_init_sized.restype = [POINTER(SmlaPlanInfo), c_size_t], None
         L.smla_plan_info.argtypes, L.smla_plan_info.restype = [c_void_p, POINTER(SmlaPlanInfo)], c_int
         L.smla_plan_destroy.argtypes, L.smla_plan_destroy.restype = [c_void_p], None
         L.smla_plan_workspace_bytes.argtypes = [c_void_p, POINTER(c_size_t)]
@@ -130,7 +131,7 @@ class Runtime:
         p.backend = BACKENDS[backend]
         p.device = device
         o = SmlaPlanOptions()
-        self.smla.lib.smla_plan_options_init(byref(o))
+        self.smla.lib.smla_plan_options_init_sized(byref(o), sizeof(o))
         o.t_chunk = t_chunk
         return Plan(self, p, o)
 
@@ -153,7 +154,7 @@ class Plan:
         self.smla.check(self.smla.lib.smla_plan_workspace_bytes(self.h, byref(n)), "smla_plan_workspace_bytes")
         self.workspace_bytes = n.value
         i = SmlaPlanInfo()
-        self.smla.lib.smla_plan_info_init(byref(i))
+        self.smla.lib.smla_plan_info_init_sized(byref(i), sizeof(i))
         self.smla.check(self.smla.lib.smla_plan_info(self.h, byref(i)), "smla_plan_info")
         self.info = {k: getattr(i, k) for k in ("r_chunk", "n_chunks", "t_chunk", "t_chunks", "workspace_bytes")}
 

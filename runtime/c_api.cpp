@@ -24,32 +24,54 @@ struct smla_plan {
 };
 
 namespace {
+// The message smla_last_error() returns: g_last_error's text, or a fixed one where the message could not be made (no
+// memory). Nothing here throws: no exception may leave a C function.
 thread_local std::string g_last_error;
+thread_local const char* g_last_error_text = "";
+
+template <class Make>
+void set_error(Make&& make) noexcept {
+  try {
+    g_last_error = make();
+    g_last_error_text = g_last_error.c_str();
+  } catch (...) {
+    g_last_error_text = "smla: an error occurred, and its message could not be made (out of memory)";
+  }
+}
+void clear_error() noexcept { g_last_error_text = ""; }
 
 template <class F>
-smla_status_t guard(F&& f) {
+smla_status_t guard(F&& f) noexcept {
   try {
-    g_last_error.clear();
+    clear_error();
     f();
     return SMLA_OK;
   } catch (const smla::Error& e) {
-    g_last_error = e.what();
+    set_error([&] { return std::string(e.what()); });
     return static_cast<smla_status_t>(e.status());
   } catch (const std::exception& e) {
-    g_last_error = std::string("smla: internal error: ") + e.what();
+    set_error([&] { return std::string("smla: internal error: ") + e.what(); });
+    return SMLA_INTERNAL;
+  } catch (...) {
+    set_error([] { return std::string("smla: internal error: an exception of unknown type"); });
     return SMLA_INTERNAL;
   }
 }
 
-smla_status_t null_arg(const char* what) {
-  g_last_error = std::string("smla: invalid argument: ") + what + " is null";
+smla_status_t null_arg(const char* what) noexcept {
+  set_error([&] { return std::string("smla: invalid argument: ") + what + " is null"; });
   return SMLA_INVALID_ARGUMENT;
 }
 
-smla_status_t bad_arg(const std::string& why) {
-  g_last_error = "smla: invalid argument: " + why;
+template <class Make>
+smla_status_t bad_arg(Make&& why) noexcept {
+  set_error([&] { return "smla: invalid argument: " + why(); });
   return SMLA_INVALID_ARGUMENT;
 }
+
+// The largest struct_size taken from a caller (the versioned structs are tens of bytes): a garbage size, from a struct
+// never initialised, is refused instead of read as that many bytes of the caller's memory.
+constexpr size_t kMaxStructSize = 4096;
 
 // A versioned struct from the caller: its struct_size must cover the size field itself; past sizeof(S) (what this
 // library knows) every byte must be zero (else a newer caller asks for something this library cannot do).
@@ -57,26 +79,41 @@ smla_status_t bad_arg(const std::string& why) {
 // Every field of the versioned structs is 8 bytes, so a struct_size inside what this library knows must be a multiple
 // of 8: anything else cuts a field in two (and would read or write half of it).
 template <class S>
-smla_status_t check_struct_size(size_t n, const char* what) {
+smla_status_t check_struct_size(size_t n, const char* what) noexcept {
   static_assert(sizeof(S) % 8 == 0, "versioned C structs: 8-byte fields only");
-  if (n < sizeof(size_t) || (n < sizeof(S) && n % 8 != 0))
-    return bad_arg(std::string(what) + ".struct_size is " + std::to_string(n) +
-                   " (not the end of one of its fields: set it with its _init function)");
+  if (n < sizeof(size_t) || (n < sizeof(S) && n % 8 != 0) || n > kMaxStructSize)
+    return bad_arg([&] {
+      return std::string(what) + ".struct_size is " + std::to_string(n) +
+             (n > kMaxStructSize ? " (more than " + std::to_string(kMaxStructSize) + " bytes: an uninitialised struct?"
+                                 : std::string(" (not the end of one of its fields")) +
+             ": set it with its _init function)";
+    });
   return SMLA_OK;
 }
 
 template <class S>
-smla_status_t read_versioned(const S* from, S& into, const char* what) {
+smla_status_t read_versioned(const S* from, S& into, const char* what) noexcept {
   const size_t n = from->struct_size;
   if (const smla_status_t st = check_struct_size<S>(n, what); st != SMLA_OK) return st;
   const unsigned char* b = reinterpret_cast<const unsigned char*>(from);
   for (size_t i = sizeof(S); i < n; ++i)
     if (b[i] != 0)
-      return bad_arg(std::string(what) + " has fields this library does not know (struct_size " + std::to_string(n) +
-                     ", known " + std::to_string(sizeof(S)) + ", byte " + std::to_string(i) + " nonzero)");
+      return bad_arg([&] {
+        return std::string(what) + " has fields this library does not know (struct_size " + std::to_string(n) +
+               ", known " + std::to_string(sizeof(S)) + ", byte " + std::to_string(i) + " nonzero)";
+      });
   std::memcpy(&into, from, std::min(n, sizeof(S)));
   into.struct_size = sizeof(S);
   return SMLA_OK;
+}
+
+// What the _init_sized functions write: `n` bytes of the caller's struct (its sizeof where it was compiled; an older
+// or newer header's size alike), zero but for struct_size; nothing for a size that is not a struct's.
+template <class S>
+void init_sized(S* s, size_t n) noexcept {
+  if (!s || n < sizeof(size_t) || n > kMaxStructSize || (n < sizeof(S) && n % 8 != 0)) return;
+  std::memset(static_cast<void*>(s), 0, n);
+  s->struct_size = n;  // every default is zero so far: a default that is not goes here, for the fields n covers
 }
 }  // namespace
 
@@ -94,22 +131,15 @@ void smla_tensors_init(smla_tensors_t* t) {
 
 smla_status_t smla_runtime_create(smla_runtime_t** out) {
   if (!out) return null_arg("out");
+  *out = nullptr;  // as smla_plan_create_ex: nothing the caller could take for a runtime on failure
   return guard([&] { *out = new smla_runtime(); });
 }
 
 void smla_runtime_destroy(smla_runtime_t* rt) { delete rt; }
 
-void smla_plan_options_init(smla_plan_options_t* o) {
-  if (!o) return;
-  *o = smla_plan_options_t{};
-  o->struct_size = sizeof(smla_plan_options_t);
-}
+void smla_plan_options_init_sized(smla_plan_options_t* o, size_t struct_size) { init_sized(o, struct_size); }
 
-void smla_plan_info_init(smla_plan_info_t* i) {
-  if (!i) return;
-  *i = smla_plan_info_t{};
-  i->struct_size = sizeof(smla_plan_info_t);
-}
+void smla_plan_info_init_sized(smla_plan_info_t* i, size_t struct_size) { init_sized(i, struct_size); }
 
 smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out) {
   return smla_plan_create_ex(rt, p, nullptr, out);
@@ -170,7 +200,7 @@ smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes) 
   if (!plan) return null_arg("plan");
   if (!bytes) return null_arg("bytes");
   *bytes = plan->plan->workspace_bytes();
-  g_last_error.clear();  // as every other call that succeeds
+  clear_error();  // as every other call that succeeds
   return SMLA_OK;
 }
 
@@ -207,7 +237,7 @@ smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* worksp
   });
 }
 
-const char* smla_last_error(void) { return g_last_error.c_str(); }
+const char* smla_last_error(void) { return g_last_error_text; }
 
 int smla_version(void) { return SMLA_VERSION; }
 

@@ -230,7 +230,6 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
   s.lse_sh = stride_or(t.lse_stride_h, 1, "lse_stride_h", 1, 1);
   s.lse_st = stride_or(t.lse_stride_t, H, "lse_stride_t", 1, 0);
   s.topk_st = stride_or(t.topk_stride, p.topk, "topk_stride", 1, p.topk);
-  check_rows_disjoint("dq", p.T, s.dq_st, "dq_stride_t", H, s.dq_sh, "dq_stride_h", D);
   {
     const int64_t T = p.T, K = p.num_kv;
     const size_t dkv_elem = p.dkv_fp32 ? 4 : 2;
@@ -247,6 +246,8 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
         span_of("Tensors::lse", t.lse, T, s.lse_st, H, s.lse_sh, 1, 4),
         span_of("Tensors::topk", t.topk, T, s.topk_st, 1, 0, p.topk, 4),
         span_of("Tensors::attn_sink", p.has_sink ? t.attn_sink : nullptr, 1, 0, 1, 0, H, 4)};
+    // After span_of, which refuses strides whose rows span past 2^62 bytes: the extents named here then fit int64.
+    check_rows_disjoint("dq", p.T, s.dq_st, "dq_stride_t", H, s.dq_sh, "dq_stride_h", D);
     check_no_overlap(outputs, inputs);
   }
 
@@ -386,6 +387,8 @@ std::optional<BadIndex> PlanImpl::index_report(const void* workspace, void* stre
   SMLA_REQUIRE(problem_.check_indices, Status::InvalidArgument,
                "index_report() needs a plan made with Problem::check_indices = true");
   SMLA_REQUIRE(workspace, Status::InvalidArgument, "index_report(): workspace is null");
+  // As run() checks it: the backend's memory, aligned (a misaligned one read another place as the report).
+  check_ptr(*backend_, problem_.device, workspace, "index_report(): workspace", WorkspaceLayout::kAlign);
   int rep[4] = {0, 0, 0, 0};
   backend_->read_back(rep, static_cast<const char*>(workspace) + layout_.index_report.offset, sizeof(rep), stream);
   if (rep[0] == 0) return std::nullopt;

@@ -41,9 +41,12 @@ void validate_problem(const Problem& p) {
   if (p.T > kMaxI32) bad("T", std::to_string(p.T), "below 2^31 (int32 token ids)");
   if (p.num_kv < 1) bad("num_kv", std::to_string(p.num_kv), "at least 1");
   if (p.num_kv >= kMaxI32) bad("num_kv", std::to_string(p.num_kv), "below 2^31 - 1 (int32 indices)");
-  if (!(p.H == 16 || p.H == 32 || p.H == 64 || p.H == 128))
+  // H and topk below 1 are not shapes at all (InvalidArgument); positive ones without kernels are Unsupported.
+  if (p.H < 1) bad("H", std::to_string(p.H), "at least 1 (one of 16, 32, 64, 128)");
+  else if (!(p.H == 16 || p.H == 32 || p.H == 64 || p.H == 128))
     bad("H", std::to_string(p.H), "one of 16, 32, 64, 128", Status::Unsupported);
-  if (p.topk < 16 || p.topk % 16 != 0)
+  if (p.topk < 1) bad("topk", std::to_string(p.topk), "at least 1 (a positive multiple of 16)");
+  else if (p.topk < 16 || p.topk % 16 != 0)
     bad("topk", std::to_string(p.topk),
         "a positive multiple of 16" +
             (p.topk > 0 ? " (pad each top-k row with -1 to " + std::to_string((p.topk + 15) / 16 * 16) +

@@ -75,6 +75,15 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = int64_t(1) << 60; },
                    "Tensors::q: expected strides whose rows fit in memory");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = int64_t(1) << 61; }, "Tensors::dq");
+    // Such strides are refused as such before dq's rows are checked for overlap, whose message printed their extent
+    // wrapped to a negative int64 ("a stride >= -1152921504606846464 elements").
+    expect_bad_run(
+        b,
+        [](Tensors& t, size_t&) {
+          t.dq_stride_t = int64_t(1) << 60;
+          t.dq_stride_h = int64_t(1) << 61;
+        },
+        "Tensors::dq: expected strides whose rows fit in memory");
   }
 }
 
@@ -371,6 +380,24 @@ TEST(CApi, ReportsStatusAndMessage) {
   EXPECT_NE(std::string(smla_last_error()).find("H"), std::string::npos) << smla_last_error();
   EXPECT_EQ(plan, nullptr);
   EXPECT_EQ(smla_plan_create(rt, nullptr, &plan), SMLA_INVALID_ARGUMENT);
+  // A shape that is no shape (H or topk below 1) is an invalid argument; a positive one without kernels unsupported.
+  for (int64_t h : {int64_t(0), int64_t(-1)}) {
+    pb.H = h;
+    EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << h;
+    EXPECT_NE(std::string(smla_last_error()).find("Problem::H = " + std::to_string(h)), std::string::npos)
+        << smla_last_error();
+  }
+  pb.H = 16;
+  for (int64_t k : {int64_t(0), int64_t(-16)}) {
+    pb.topk = k;
+    EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << k;
+    EXPECT_NE(std::string(smla_last_error()).find("Problem::topk = " + std::to_string(k)), std::string::npos)
+        << smla_last_error();
+  }
+  pb.topk = 40;  // positive, not a multiple of 16
+  EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_UNSUPPORTED);
+  pb.topk = 64;
+  EXPECT_EQ(plan, nullptr);
 
   // A real run through the C API on the CPU backend, checked against the reference.
   pb.H = 16;
@@ -479,12 +506,21 @@ TEST(CApi, IndexReportInC) {
   EXPECT_EQ(bad.r, first % c.topk);
   EXPECT_EQ(bad.value, in.topk[size_t(first)]);
   EXPECT_EQ(smla_plan_index_report(plan, ws, nullptr, &bad, nullptr), SMLA_INVALID_ARGUMENT);
+  // The workspace is checked as run() checks it: a misaligned one read another place and reported it as success.
+  EXPECT_EQ(smla_plan_index_report(plan, static_cast<char*>(ws) + 1, nullptr, &bad, &found), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("index_report(): workspace"), std::string::npos) << smla_last_error();
   smla_plan_destroy(plan);
   smla_runtime_destroy(rt);
 }
 
 // smla_plan_create_ex's token chunks (the C side of Problem::t_chunk), smla_plan_info, and the versioned structs:
 // an older caller's smaller struct gets the defaults, a newer one's unknown fields must be zero.
+int64_t untouched_value() {  // what memset(0x5a) leaves in an int64_t
+  int64_t v;
+  std::memset(&v, 0x5a, sizeof(v));
+  return v;
+}
+
 TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
   smla_runtime_t* rt = nullptr;
   ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
@@ -560,6 +596,35 @@ TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
     EXPECT_NE(std::string(smla_last_error()).find("t_chunk"), std::string::npos) << smla_last_error();
     EXPECT_EQ(plan, nullptr);
   }
+  // The _init functions write the caller's struct, to its own size (they wrote the library's size, past the end of an
+  // older caller's smaller struct, and lowered a newer caller's struct_size, dropping its new fields unread).
+  struct OlderThenGuard {
+    uint64_t struct_size;
+    uint64_t guard;
+  } older;
+  older.struct_size = 0, older.guard = 0x1111111111111111ull;
+  smla_plan_options_init_sized(reinterpret_cast<smla_plan_options_t*>(&older), sizeof(uint64_t));
+  EXPECT_EQ(older.struct_size, sizeof(uint64_t));
+  EXPECT_EQ(older.guard, 0x1111111111111111ull) << "init wrote past an older caller's struct";
+  Newer fresh;
+  std::memset(&fresh, 0x5a, sizeof(fresh));
+  smla_plan_options_init_sized(&fresh.known, sizeof(Newer));
+  EXPECT_EQ(fresh.known.struct_size, sizeof(Newer));
+  EXPECT_EQ(fresh.known.t_chunk, 0);
+  EXPECT_EQ(fresh.later_field, 0) << "a newer caller's fields are set to their defaults (zero) too";
+  smla_plan_info_t sized_info;
+  std::memset(&sized_info, 0x5a, sizeof(sized_info));
+  smla_plan_info_init_sized(&sized_info, 12);  // cuts a field: nothing written
+  EXPECT_EQ(sized_info.r_chunk, untouched_value());
+  smla_plan_info_init(&sized_info);
+  EXPECT_EQ(sized_info.struct_size, sizeof(smla_plan_info_t));
+  EXPECT_EQ(sized_info.r_chunk, 0);
+  // A struct_size no struct has (an uninitialised one's garbage) is refused, not read as that many bytes.
+  smla_plan_options_init(&opt);
+  opt.struct_size = 0x7ffd12345678ull;
+  EXPECT_EQ(smla_plan_create_ex(rt, &pb, &opt, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("an uninitialised struct?"), std::string::npos) << smla_last_error();
+  EXPECT_EQ(plan, nullptr);
   opt.t_chunk = 0;
   opt.struct_size = 0;  // never initialized
   EXPECT_EQ(smla_plan_create_ex(rt, &pb, &opt, &plan), SMLA_INVALID_ARGUMENT);

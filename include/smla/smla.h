@@ -9,7 +9,12 @@
  *   smla_plan_destroy(plan); smla_runtime_destroy(rt);
  *
  * Every call that can fail returns a status; on failure smla_last_error() (thread-local) says why, and a call that
- * succeeds clears it. */
+ * succeeds clears it. No C++ exception leaves these functions.
+ *
+ * Memory: the bf16 tensors (q, kv, o, dout, dq, dkv) start on 16-byte boundaries, the float and int32 ones on 4-byte
+ * ones, and the workspace on a 256-byte one (malloc's 16 is not enough on the CPU backend: use aligned_alloc(256,
+ * ...); cudaMalloc and hipMalloc give 256). A pointer of the wrong kind of memory for the backend, or misaligned, is
+ * refused by name; an output that can be read but not written (a read-only mapping) is not detected and faults. */
 #ifndef SMLA_H
 #define SMLA_H
 #include <stddef.h>
@@ -102,8 +107,16 @@ typedef struct {
 } smla_plan_info_t;
 
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */
-void smla_plan_options_init(smla_plan_options_t* o);
-void smla_plan_info_init(smla_plan_info_t* i);
+/* The versioned structs' defaults, for struct_size bytes: the caller's sizeof, where the caller was compiled (a struct
+   from an older or newer header is written to its own end, no further). For bindings that cannot use the inline
+   functions below (Python's ctypes: pass ctypes.sizeof). A size that is not one of the struct's (under 8, not the end
+   of a field, over 4096) writes nothing. */
+void smla_plan_options_init_sized(smla_plan_options_t* o, size_t struct_size);
+void smla_plan_info_init_sized(smla_plan_info_t* i, size_t struct_size);
+static inline void smla_plan_options_init(smla_plan_options_t* o) {
+  smla_plan_options_init_sized(o, sizeof(smla_plan_options_t));
+}
+static inline void smla_plan_info_init(smla_plan_info_t* i) { smla_plan_info_init_sized(i, sizeof(smla_plan_info_t)); }
 void smla_tensors_init(smla_tensors_t* t);   /* all null / packed */
 smla_status_t smla_runtime_create(smla_runtime_t** out);
 /* A plan keeps what it runs on alive: it may be used and destroyed after its runtime is. */
@@ -127,7 +140,8 @@ typedef struct {
 } smla_bad_index_t;
 smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* workspace, void* stream,
                                      smla_bad_index_t* out, int* found);
-/* The last error message of this thread ("" when none). */
+/* The last error message of this thread ("" when none). The text stays valid until the next smla_* call on this
+   thread: copy it to keep it. */
 const char* smla_last_error(void);
 /* SMLA_VERSION of the library linked. */
 int smla_version(void);
