@@ -38,8 +38,12 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "H", Status::Unsupported);
   p = seed_problem(), p.topk = 100;
   expect_rejected(p, "pad each top-k row with -1 to 112 slots", Status::Unsupported);  // what to do about it
+  // Below 1 is no shape at all: an invalid argument, as T and num_kv are (it was Unsupported, which says "valid but
+  // not supported").
   p = seed_problem(), p.topk = 0;
-  expect_rejected(p, "topk", Status::Unsupported);
+  expect_rejected(p, "topk", Status::InvalidArgument);
+  p = seed_problem(), p.H = 0;
+  expect_rejected(p, "H", Status::InvalidArgument);
   p = seed_problem(), p.T = 0;
   expect_rejected(p, "T", Status::InvalidArgument);
   p = seed_problem(), p.num_kv = 0;
