@@ -20,6 +20,7 @@
 // Constants are CSR_-prefixed: CUB uses RADIX_BITS etc. as template parameter names.
 #include "smla_params.h"
 #include "common.cuh"
+#include "csr_rowptr.cuh"
 #include <cub/agent/agent_radix_sort_histogram.cuh>
 #include <cub/agent/agent_radix_sort_onesweep.cuh>
 #include <cub/block/block_scan.cuh>
@@ -134,16 +135,9 @@ extern "C" __global__ void __launch_bounds__(CSR_OS_THREADS) smla_csr_onesweep(S
       .Process();
 }
 
-// row_ptr[j] = first sorted position whose key >= j, j = 0..num_kv (row_ptr[num_kv]: where the empty slots start,
-// the number of valid items). Position i (0..n) writes the j in (key[i-1], min(key[i], num_kv)] (key[-1] = -1,
-// key[n] = num_kv + 1): each j exactly once.
+// row_ptr over the valid items (the first pass dropped the empty slots; row_ptr[num_kv] is their count):
+// csr_rowptr.cuh's binary search a kv row, over the n + 1 threads the launch has.
 extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_rowptr(SmlaParams p) {
-  const int n = csr_n(p);
-  const long long i = (long long)blockIdx.x * CSR_THREADS + threadIdx.x;
-  if (i > n) return;
-  const int* keys = p.csr_keys[p.csr_final];
-  const int cur = i < n ? keys[i] : p.num_kv + 1;
-  const int prev = i == 0 ? -1 : keys[i - 1];
-  const int hi = min(cur, p.num_kv);
-  for (int j = prev + 1; j <= hi; ++j) p.row_ptr[j] = (int)i;
+  smla_csr_rowptr_rows(p.csr_keys[p.csr_final], csr_n(p), p.num_kv, p.row_ptr,
+                       (long long)blockIdx.x * CSR_THREADS + threadIdx.x, (long long)gridDim.x * CSR_THREADS);
 }

@@ -10,6 +10,7 @@
 // the same on both.
 #include "smla_params.h"
 #include "common.cuh"
+#include "csr_rowptr.cuh"
 
 #ifndef CSR_THREADS
 #define CSR_THREADS 256
@@ -30,16 +31,9 @@ extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_keys(SmlaPara
   p.csr_vals[in][i] = (int)i;
 }
 
-// Position i (0..n) writes the j in (key[i-1], key[i]] (key[-1] = -1, key[n] = num_kv + 1):
-// each j exactly once, no atomics. csr.cu's rowptr keeps the rule over the valid items only (its
-// first pass drops the empty slots; row_ptr[num_kv] holds their count).
+// row_ptr over all n items, the empty slots keyed num_kv (row_ptr[num_kv]: where they start):
+// csr_rowptr.cuh's binary search a kv row, over the n + 1 threads the launch has.
 extern "C" __global__ void __launch_bounds__(CSR_THREADS) smla_csr_rowptr(SmlaParams p) {
-  const int n = p.T * p.r_chunk;
-  const long long i = (long long)blockIdx.x * CSR_THREADS + threadIdx.x;
-  if (i > n) return;
-  const int* keys = p.csr_keys[p.csr_final];
-  const int cur = i < n ? keys[i] : p.num_kv + 1;
-  const int prev = i == 0 ? -1 : keys[i - 1];
-  const int hi = min(cur, p.num_kv);
-  for (int j = prev + 1; j <= hi; ++j) p.row_ptr[j] = (int)i;
+  smla_csr_rowptr_rows(p.csr_keys[p.csr_final], p.T * p.r_chunk, p.num_kv, p.row_ptr,
+                       (long long)blockIdx.x * CSR_THREADS + threadIdx.x, (long long)gridDim.x * CSR_THREADS);
 }
