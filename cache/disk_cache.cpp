@@ -18,10 +18,15 @@
 #include "entry_store.hpp"
 #include "kernel_cache.hpp"
 #include "lock_file.hpp"
+#include "private_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace smla::cache {
+
+namespace {
+std::string default_node_lock_dir() { return "/tmp/smla-locks-" + std::to_string(getuid()); }
+}  // namespace
 using namespace detail;
 
 struct DiskCache::Impl {
@@ -168,6 +173,17 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
     log().warn("smla-cache: no cache directory; compiled kernels stay in memory");
     return;
   }
+  if (s_.dir_in_shared_tmp) {
+    // No home directory: the cache would sit in /tmp under a name anyone can predict. Another user's directory there
+    // is neither read (its binaries could be anything, their checksums re-sealed) nor written.
+    if (const std::string why = private_dir_problem(s_.dir); !why.empty()) {
+      log().warn("smla-cache: not using {} ({}); compiled kernels stay in memory. Set SMLA_CACHE_DIR or HOME to a "
+                 "directory of your own.",
+                 s_.dir, why);
+      unwritable_reason_ = why;
+      return;
+    }
+  }
   if (!s_.readonly) {
     // Creating the tree and renaming a scratch directory from .staging/ into entries/ is the
     // writability probe. Data writes can still fail later (full disk): publish handles that.
@@ -199,13 +215,19 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
     std::string ld;
     const char* netfs = network_fs_of(s_.dir);
     auto node_local = [&] {
-      ld = s_.lock_dir.empty() ? "/tmp/smla-locks-" + std::to_string(getuid()) : s_.lock_dir;
+      ld = s_.lock_dir.empty() ? default_node_lock_dir() : s_.lock_dir;
       std::error_code cec;
       std::string canon = fs::weakly_canonical(s_.dir, cec).string();
       I.lock_prefix = ld + "/" + hash_hex(canon).substr(0, 8) + "-";
     };
     // The lock directory where this process can create lock files: a writable directory.
     auto usable_dir = [&](std::string* why) {
+      if (ld == default_node_lock_dir()) {
+        // The default node-local directory sits in /tmp under a predictable name: another user's would let them hold
+        // our locks (a stall of the lock timeout a kernel) or put links where our lock files go.
+        *why = private_dir_problem(ld);
+        if (!why->empty()) return false;
+      }
       std::error_code mec;
       fs::create_directories(ld, mec);
       if (!fs::is_directory(ld, mec)) {

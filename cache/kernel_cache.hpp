@@ -43,7 +43,11 @@ Key make_key(const KeyFields& f);
 
 /// Every knob of the cache, read once from the environment by settings_from_env().
 struct Settings {
-  std::string dir;         ///< SMLA_CACHE_DIR; default $XDG_CACHE_HOME/smla, else ~/.cache/smla
+  std::string dir;         ///< SMLA_CACHE_DIR; default $XDG_CACHE_HOME/smla, else ~/.cache/smla, else (no home
+                           ///< directory) /tmp/smla-cache-<uid>
+  /// `dir` is the /tmp fallback: used only as a directory of this user's alone (cache/private_dir.hpp), since another
+  /// user could have made it first and put binaries in it.
+  bool dir_in_shared_tmp = false;
   std::string system_dir;  ///< SMLA_CACHE_SYSTEM_DIR: read-only layered cache; empty = none
   bool disable = false;    ///< SMLA_CACHE_DISABLE=1: no disk at all (in-memory only)
   bool readonly = false;   ///< SMLA_CACHE_READONLY=1: read the user cache, never write it

@@ -56,13 +56,14 @@ int open_registered(const std::string& path, bool create, int* err) {
   pthread_once(&g_once, init_registry);
   for (;;) {
     const uint64_t gen = g_forks.load();
-    int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0666);
+    // O_NOFOLLOW: a link planted where a lock file goes is not followed (to truncate or create a file elsewhere).
+    int fd = ::open(path.c_str(), O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC | O_NOFOLLOW, 0666);
     *err = errno;
     // Another user's file in a shared directory, created without group write: flock needs only
     // an open descriptor. When that fails too, the first open's reason is the one to report
     // (EACCES on the directory, not the retry's ENOENT).
     if (fd < 0 && *err == EACCES) {
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (fd >= 0) *err = 0;
     }
     if (fd < 0) return fd;

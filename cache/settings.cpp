@@ -78,7 +78,10 @@ Settings settings_from_env() {
   if (const char* d = env("SMLA_CACHE_DIR")) s.dir = d;
   else if (const char* x = env("XDG_CACHE_HOME")) s.dir = std::string(x) + "/smla";
   else if (std::string h = home_dir(); !h.empty()) s.dir = h + "/.cache/smla";
-  else s.dir = "/tmp/smla-cache-" + std::to_string(getuid());
+  else {
+    s.dir = "/tmp/smla-cache-" + std::to_string(getuid());
+    s.dir_in_shared_tmp = true;
+  }
   if (const char* d = env("SMLA_CACHE_SYSTEM_DIR")) s.system_dir = d;
   read_bool("SMLA_CACHE_DISABLE", &s.disable);
   read_bool("SMLA_CACHE_READONLY", &s.readonly);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "../cache/private_dir.hpp"
 #include "relative_path.hpp"
 
 namespace smla {
@@ -33,11 +34,9 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 // a shared /tmp with predictable names: another user could have made it, or planted a link in it, and the dump would
 // have written through the link (any file this process may write) or failed for every user but the first.
 void own_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail("cannot make " + dir);
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) fail("cannot stat " + dir);
-  if (!S_ISDIR(st.st_mode)) throw std::runtime_error(dir + " is not a directory (a link or a file in its place)");
-  if (st.st_uid != ::geteuid()) throw std::runtime_error(dir + " belongs to another user");
+  // The user's own directory is not refused for group write (SMLA_DUMP_DIR may name a group's).
+  const std::string why = cache::private_dir_problem(dir, /*group_may_write=*/true);
+  if (!why.empty()) throw std::runtime_error(dir + ": " + why);
 }
 
 void write_file(const std::string& path, const std::string& text) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -59,6 +60,12 @@ ProbeCache& probes() {
 
 CompileResult compile_locked(const Api& api, const RenderedSource& src, const std::string& target,
                              const std::vector<std::string>& opts) {
+  // comgr (ROCm >= 7) keeps its own on-disk cache by default, beside ours: redundant, and it crashed with SIGBUS on
+  // NFS under contention (CACHE-LESSONS.md). The worker's environment turns it off (hip_subprocess.cpp); a compile in
+  // this process (no worker, or one without hipRTC, or the identity probe) turns it off here, once, unless the user
+  // set it. Older comgr ignores the variable.
+  static std::once_flag comgr_cache_off;
+  std::call_once(comgr_cache_off, [] { ::setenv("AMD_COMGR_CACHE", "0", /*overwrite=*/0); });
   auto t0 = std::chrono::steady_clock::now();
   std::vector<const char*> hdr_text, hdr_name;
   for (const auto& h : src.headers) {

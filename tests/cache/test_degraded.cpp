@@ -87,6 +87,60 @@ TEST(Degraded, ChmodReadOnlyDirectoryStillServesHits) {
   for (auto d : {t / "cache", t / "cache/entries", t / "cache/.staging"}) ::chmod(d.c_str(), 0755);
 }
 
+// The /tmp fallback (no home directory: /tmp/smla-cache-<uid>, a name anyone can predict) is used only as a directory
+// of this user's alone: one another user made first (here: one others may write into, or a link in its place) is
+// neither read nor written, with a warning naming why; an absent one is made, mode 0700, and used.
+TEST(Degraded, TheSharedTmpFallbackIsUsedOnlyWhenItIsOurs) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  Settings s = settings_for(t, "fallback");
+  s.dir_in_shared_tmp = true;
+  {
+    LogCapture log;
+    DiskCache cache(s);
+    EXPECT_TRUE(cache.writable()) << log.text();
+    FakeCompiler c;
+    cache.get_or_compile(f, c.fn(f));
+    struct stat st {};
+    ASSERT_EQ(::lstat(s.dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0700u);
+    EXPECT_EQ(entry_names(s.dir).size(), 1u);
+  }
+  // Writable by others (as another user's 0777 directory would be): its entries are not read, nothing is written.
+  ASSERT_EQ(::chmod(s.dir.c_str(), 0777), 0);
+  {
+    LogCapture log;
+    DiskCache cache(s);
+    EXPECT_FALSE(cache.writable());
+    EXPECT_EQ(log.count("not using " + s.dir + " (other users may write into it (mode 0777))"), 1) << log.text();
+    FakeCompiler c;
+    EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).origin, Origin::Compiled) << "an entry of a shared directory was read";
+  }
+  EXPECT_EQ(entry_names(s.dir).size(), 1u) << "nothing was written there";
+  if (::geteuid() == 0) {  // CI runs as root, who can hand the directory to another user: mode 0700, not ours
+    ASSERT_EQ(::chmod(s.dir.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(s.dir.c_str(), 54321, 54320), 0);
+    LogCapture log;
+    EXPECT_FALSE(DiskCache(s).writable());
+    EXPECT_EQ(log.count("it belongs to another user (uid 54321)"), 1) << log.text();
+    ASSERT_EQ(::chown(s.dir.c_str(), 0, 0), 0);
+  }
+  // A link in its place (to a directory of ours that would pass): refused as well.
+  Settings l = settings_for(t, "link");
+  l.dir_in_shared_tmp = true;
+  ASSERT_EQ(::chmod(s.dir.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(s.dir.c_str(), l.dir.c_str()), 0);
+  {
+    LogCapture log;
+    DiskCache cache(l);
+    EXPECT_FALSE(cache.writable());
+    EXPECT_EQ(log.count("it is not a directory (a link or a file in its place)"), 1) << log.text();
+  }
+  // The same directory named by the user (SMLA_CACHE_DIR) is theirs to choose: used.
+  l.dir_in_shared_tmp = false;
+  EXPECT_TRUE(DiskCache(l).writable());
+}
+
 TEST(Degraded, ReadonlyKnobServesHitsAndWritesNothing) {
   TempDir t;
   KeyFields h = fields("smla_sink");
