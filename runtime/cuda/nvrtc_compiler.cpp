@@ -29,6 +29,17 @@ std::string read_define(const std::string& path, const std::string& name) {
   return {};
 }
 
+// The CCCL (CUB, libcu++) a compile includes, found in the order of its -I options: <inc>/cccl (CUDA 13's layout),
+// then <inc> (CUDA 12's). Only CUDA 13's was read, so on CUDA 12 the version was empty and a CCCL upgrade kept the
+// key and its old binaries. CUB older than CCCL 2.3 has no CCCL_VERSION: its CUB_VERSION then.
+std::string cccl_version(const std::string& inc) {
+  for (const std::string& root : {inc + "/cccl", inc}) {
+    if (std::string v = read_define(root + "/cuda/std/__cccl/version.h", "CCCL_VERSION"); !v.empty()) return v;
+    if (std::string v = read_define(root + "/cub/version.cuh", "CUB_VERSION"); !v.empty()) return "cub-" + v;
+  }
+  return "?";
+}
+
 NvrtcCompiler::NvrtcCompiler() : NvrtcCompiler(cuda_include_dir()) {}
 
 NvrtcCompiler::NvrtcCompiler(std::string include_dir) : include_dir_(std::move(include_dir)) {}
@@ -80,7 +91,7 @@ std::string NvrtcCompiler::identity() const {
     // machine with that build, so shared caches still hit.
     identity_ = "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
                 ";cuda-" + read_define(include_dir_ + "/cuda.h", "CUDA_VERSION") +
-                ";cccl-" + read_define(include_dir_ + "/cccl/cuda/std/__cccl/version.h", "CCCL_VERSION") + ";" +
+                ";cccl-" + cccl_version(include_dir_) + ";" +
                 nvrtc_build_stamp(nvrtc().ok ? reinterpret_cast<const void*>(nvrtc().Version) : nullptr, maj, min);
   });
   return identity_;

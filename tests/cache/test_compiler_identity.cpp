@@ -113,6 +113,33 @@ TEST(NvrtcIdentity, NamesTheHeadersItsCompilesUse) {
   std::filesystem::remove_all(fake);
 }
 
+// CUDA 12 keeps CUB and libcu++ at the top of its include directory, not under cccl/: the CCCL version is read where
+// the compile's -I order finds it (it was read from cccl/ only, so on CUDA 12 it was empty and a CCCL upgrade kept
+// every key). CUB older than CCCL 2.3 has only CUB_VERSION.
+TEST(CompilerIdentity, TheCcclVersionIsReadWhereTheCompileFindsIt) {
+  char tmpl[] = "/tmp/smla-include-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  auto tree = [&](const std::string& name, const std::string& sub, const std::string& file, const std::string& def) {
+    const std::string inc = root + "/" + name;
+    std::filesystem::create_directories(inc + sub + file.substr(0, file.rfind('/')));
+    std::ofstream(inc + "/cuda.h") << "#define CUDA_VERSION 12080\n";
+    std::ofstream(inc + sub + file) << def << "\n";
+    return cuda::NvrtcCompiler(inc).identity();
+  };
+  const std::string v12a = tree("a", "", "/cuda/std/__cccl/version.h", "#define CCCL_VERSION 3000001");
+  const std::string v12b = tree("b", "", "/cuda/std/__cccl/version.h", "#define CCCL_VERSION 3000002");
+  EXPECT_NE(v12a.find(";cccl-3000001;"), std::string::npos) << v12a;
+  EXPECT_NE(v12a, v12b) << "a CCCL upgrade on CUDA 12's layout kept the identity";
+  const std::string v13 = tree("c", "/cccl", "/cuda/std/__cccl/version.h", "#define CCCL_VERSION 3000003");
+  EXPECT_NE(v13.find(";cccl-3000003;"), std::string::npos) << v13;
+  const std::string old_cub = tree("d", "", "/cub/version.cuh", "#define CUB_VERSION 200200");
+  EXPECT_NE(old_cub.find(";cccl-cub-200200;"), std::string::npos) << old_cub;
+  const std::string none = tree("e", "", "/other.h", "#define NOTHING 1");
+  EXPECT_NE(none.find(";cccl-?;"), std::string::npos) << none;
+  std::filesystem::remove_all(root);
+}
+
 #ifdef SMLA_TEST_HIP
 
 TEST(HipRtcIdentity, EnvironmentOptionsAreInTheKeyFields) {
