@@ -70,14 +70,21 @@ std::string nvrtc_build_stamp(const void* nvrtc_symbol, int major, int minor) {
   Dl_info info{};
   if (!nvrtc_symbol || !::dladdr(nvrtc_symbol, &info) || !info.dli_fname) return "libnvrtc-bytes=?";
   const std::string lib = info.dli_fname;
-  // NVRTC loads its builtins by this name from beside itself (the directory it was found in,
-  // which may hold only a symlink to it).
+  // NVRTC dlopens its builtins by this name: the loader looks in LD_LIBRARY_PATH first (another build there is the one
+  // loaded: the stamp named the file beside libnvrtc while another compiled), then beside libnvrtc (the directory it
+  // was found in, which may hold only a symlink to it).
   const std::string builtins = "libnvrtc-builtins.so." + std::to_string(major) + "." + std::to_string(minor);
   char real[PATH_MAX];
   const std::string resolved = ::realpath(lib.c_str(), real) ? real : lib;
+  std::vector<std::string> dirs;
+  if (const char* lp = std::getenv("LD_LIBRARY_PATH")) {
+    std::stringstream ss(lp);
+    for (std::string d; std::getline(ss, d, ':');) dirs.push_back(d.empty() ? "." : d);  // empty: the working dir
+  }
+  for (const std::string& p : {lib, resolved}) dirs.push_back(p.substr(0, p.rfind('/')));
   long long b = -1;
-  for (const std::string& p : {lib, resolved})
-    if (b < 0) b = real_file_bytes(p.substr(0, p.rfind('/') + 1) + builtins);
+  for (const std::string& d : dirs)
+    if (b < 0) b = real_file_bytes(d + "/" + builtins);
   return "libnvrtc-bytes=" + std::to_string(real_file_bytes(lib)) + ";builtins-bytes=" + std::to_string(b);
 }
 

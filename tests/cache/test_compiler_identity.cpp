@@ -70,6 +70,23 @@ struct EnvVar {
   ~EnvVar() { ::unsetenv(name.c_str()); }
 };
 
+// The builtins NVRTC loads are found by the loader, LD_LIBRARY_PATH first: a build there is the one stamped, not the
+// file beside libnvrtc (another builtins build changed what compiled while the key stayed).
+TEST(NvrtcIdentity, TheBuiltinsStampedAreTheOnesTheLoaderFinds) {
+  char tmpl[] = "/tmp/smla-builtins-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/libnvrtc-builtins.so.99.7") << std::string(1234, 'x');
+  const char* old = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = old ? old : "";
+  ::setenv("LD_LIBRARY_PATH", ("/nonexistent:" + dir).c_str(), 1);
+  const std::string stamp = cuda::nvrtc_build_stamp(reinterpret_cast<const void*>(&::getenv), 99, 7);
+  if (old) ::setenv("LD_LIBRARY_PATH", saved.c_str(), 1);
+  else ::unsetenv("LD_LIBRARY_PATH");
+  EXPECT_NE(stamp.find(";builtins-bytes=1234"), std::string::npos) << stamp;
+  std::filesystem::remove_all(dir);
+}
+
 // A compiler's CUDA headers are found when it is made: its identity (the cache key) names the headers its compiles use,
 // whatever SMLA_CUDA_INCLUDE says later. Before, the identity was worked out once a process, at its first use, while
 // each compile looked the directory up again: a key could name one toolkit's headers over a binary of another's.
