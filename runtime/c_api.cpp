@@ -79,9 +79,14 @@ constexpr size_t kMaxStructSize = 4096;
 // Every field of the versioned structs is 8 bytes, so a struct_size inside what this library knows must be a multiple
 // of 8: anything else cuts a field in two (and would read or write half of it).
 template <class S>
-smla_status_t check_struct_size(size_t n, const char* what) noexcept {
+bool struct_size_ok(size_t n) noexcept {
   static_assert(sizeof(S) % 8 == 0, "versioned C structs: 8-byte fields only");
-  if (n < sizeof(size_t) || (n < sizeof(S) && n % 8 != 0) || n > kMaxStructSize)
+  return n >= sizeof(size_t) && (n >= sizeof(S) || n % 8 == 0) && n <= kMaxStructSize;
+}
+
+template <class S>
+smla_status_t check_struct_size(size_t n, const char* what) noexcept {
+  if (!struct_size_ok<S>(n))
     return bad_arg([&] {
       return std::string(what) + ".struct_size is " + std::to_string(n) +
              (n > kMaxStructSize ? " (more than " + std::to_string(kMaxStructSize) + " bytes: an uninitialised struct?"
@@ -111,7 +116,7 @@ smla_status_t read_versioned(const S* from, S& into, const char* what) noexcept 
 // or newer header's size alike), zero but for struct_size; nothing for a size that is not a struct's.
 template <class S>
 void init_sized(S* s, size_t n) noexcept {
-  if (!s || n < sizeof(size_t) || n > kMaxStructSize || (n < sizeof(S) && n % 8 != 0)) return;
+  if (!s || !struct_size_ok<S>(n)) return;
   std::memset(static_cast<void*>(s), 0, n);
   s->struct_size = n;  // every default is zero so far: a default that is not goes here, for the fields n covers
 }
