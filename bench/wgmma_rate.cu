@@ -8,6 +8,8 @@
 // Why: dq's S/dP runs 64 wgmma m64n32k16 a tile in ~2350 cycles (docs/perf-notes.md); neither A from registers
 // nor two accumulator chains nor hiding the dQ drain moved it much. If small N itself is slow, the fix is a
 // wider N.
+// acc0 (0 at run time, a kernel argument): with the constant `kk > 0` an iteration's chain, overwritten unread by the
+// next, is dead code to ptxas, which may delete it (it deleted 7 of 8 in dsmem_async.cu's `mma` mode; perf notes v33).
 #include <cuda_runtime.h>
 #include "cuda_check.cuh"
 #include <cstdio>
@@ -59,7 +61,8 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], unsigned long long da, un
 
 // Every warpgroup of the block runs `iters` chains; A (64 rows) at wg * 64 KB, B (N rows) after the A's.
 template <int N, bool RS, bool COPY>
-__global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* src, long long* cycles, float* sink) {
+__global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* src, long long* cycles, float* sink,
+                                                int acc0) {
   extern __shared__ __align__(1024) char smem[];
   // Nonzero operands (bf16 pairs between 1/16 and 1): with all-zero register A fragments the RS form reported
   // rates above the peak.
@@ -87,9 +90,9 @@ __global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* 
       const unsigned long long da = smla_wgmma_desc(a + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024);
       const unsigned long long db = smla_wgmma_desc(b + (kk >> 2) * (N * 128) % 65536 + (kk & 3) * 32, 16, 1024);
       if constexpr (RS)
-        mma_rs<N>(d, ar[kk & 3], db, kk > 0);
+        mma_rs<N>(d, ar[kk & 3], db, kk > 0 || acc0);
       else
-        mma<N>(d, da, db, kk > 0);
+        mma<N>(d, da, db, kk > 0 || acc0);
     }
     smla_wgmma_commit();
     if constexpr (COPY) {  // 32 rows of 1 KB at pseudo-random places, 16 bytes a thread 8 times (dq's pattern)
@@ -125,12 +128,12 @@ void run(int sms, int wgs, const uint4* src) {
   CHECK(cudaMalloc(&dc, sizeof(long long) * sms * 2));
   CHECK(cudaMalloc(&ds, sizeof(float) * 256));
   CHECK(cudaFuncSetAttribute(rate<N, RS, COPY>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  rate<N, RS, COPY><<<sms, 256, kSmem>>>(10, wgs, src, dc, ds);  // warm-up
+  rate<N, RS, COPY><<<sms, 256, kSmem>>>(10, wgs, src, dc, ds, 0);  // warm-up
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   CHECK(cudaEventRecord(e0));
-  rate<N, RS, COPY><<<sms, 256, kSmem>>>(iters, wgs, src, dc, ds);
+  rate<N, RS, COPY><<<sms, 256, kSmem>>>(iters, wgs, src, dc, ds, 0);
   CHECK(cudaEventRecord(e1));
   CHECK(cudaEventSynchronize(e1));
   CHECK(cudaGetLastError());
