@@ -20,6 +20,7 @@
 
 #include "../cache/entry_store.hpp"
 #include "../cache/lock_file.hpp"
+#include "../cache/private_dir.hpp"
 #include "check.hpp"
 #include "env.hpp"
 #include "log.hpp"
@@ -43,6 +44,10 @@ const char* env(const char* name) {
   const char* v = std::getenv(name);
   return (v && *v) ? v : nullptr;
 }
+
+// default_tuning_db_path()'s fallback without a home directory: a name anyone can predict, so used only while
+// private (TuningDb::private_dir_).
+std::string shared_tmp_dir() { return "/tmp/smla-tuning-" + std::to_string(getuid()); }
 
 std::string parent_dir(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -348,8 +353,10 @@ std::string default_tuning_db_path() {
   if (const char* h = env("HOME")) home = h;
   else if (const passwd* pw = getpwuid(getuid()); pw && pw->pw_dir) home = pw->pw_dir;
   if (!home.empty()) return home + "/.cache/smla/tuning.json";
-  return "/tmp/smla-tuning-" + std::to_string(getuid()) + ".json";
+  return shared_tmp_dir() + "/tuning.json";
 }
+
+bool tuning_db_in_shared_tmp(const std::string& path) { return path == shared_tmp_dir() + "/tuning.json"; }
 
 std::string tuning_runtime_version(const KernelSources& sources) {
   // FNV-1a 64 over every kernel file the build knows (names from the embedded set, content
@@ -431,11 +438,21 @@ void apply_config(ShapeInfo& s, const TileConfig* cfg, const std::string& target
   s.smem_limit = cuda_smem_limit(target);
 }
 
-TuningDb::TuningDb(std::string path, std::string runtime_version)
+TuningDb::TuningDb(std::string path, std::string runtime_version, std::string private_dir)
     : path_(path.empty() ? default_tuning_db_path() : std::move(path)),
       version_(runtime_version.empty() ? default_tuning_runtime_version() : std::move(runtime_version)),
+      private_dir_(!private_dir.empty()                ? std::move(private_dir)
+                   : tuning_db_in_shared_tmp(path_) ? parent_dir(path_)
+                                                    : std::string()),
       lock_timeout_s_(lock_timeout_from_env()),
       state_(new State(::getpid())) {}
+
+void TuningDb::refuse_unprivate_dir() const {
+  if (private_dir_.empty()) return;
+  if (const std::string why = cache::private_dir_problem(private_dir_); !why.empty())
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + ": not using " + private_dir_ + " (" + why +
+                                            "); set SMLA_TUNING_DB or HOME to a place of your own");
+}
 
 TuningDb::~TuningDb() { delete state_.load(); }
 
@@ -461,6 +478,19 @@ std::vector<std::string> TuningDb::warnings() const {
 }
 
 void TuningDb::refresh(State& st) const {
+  if (!private_dir_.empty()) {
+    // Checked on every lookup (a stat): the directory may be replaced while this process runs.
+    if (const std::string why = cache::private_dir_problem(private_dir_); !why.empty()) {
+      if (why != st.private_problem)
+        warn(st, "tuning db " + path_ + ": not using " + private_dir_ + " (" + why +
+                     "); the planner uses its heuristics. Set SMLA_TUNING_DB or HOME to a place of your own.");
+      st.private_problem = why;
+      st.stamp.clear();
+      st.entries.clear();
+      return;
+    }
+    st.private_problem.clear();
+  }
   const std::string stamp = file_stamp(path_);
   if (stamp == st.stamp) return;  // unchanged since the last parse: warnings were given then
   st.stamp = stamp;
@@ -590,6 +620,7 @@ bool refuse_or_keep_aside(Parsed parsed, const std::string& path, const std::str
 }  // namespace
 
 void TuningDb::check_store() const {
+  refuse_unprivate_dir();
   refuse_non_file(path_);
   json entries;
   std::string why;
@@ -597,6 +628,7 @@ void TuningDb::check_store() const {
 }
 
 void TuningDb::store(const std::string& device_class, const Problem& p, const TuningEntry& e) {
+  refuse_unprivate_dir();
   refuse_non_file(path_);
   // Resolved once: the lock, the temp file and the rename target all sit beside the real file.
   const std::string real = resolve_for_write(path_);

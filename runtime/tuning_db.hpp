@@ -57,8 +57,14 @@ bool tuned_entry_fits(BackendKind kind, const Problem& p, const TileConfig& t, s
 /// itself takes milliseconds.
 constexpr double kTuningDbLockTimeoutS = 60;
 
-/// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json.
+/// $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json, else (no home directory)
+/// /tmp/smla-tuning-<uid>/tuning.json, a directory of this user's alone (tuning_db_in_shared_tmp()).
 std::string default_tuning_db_path();
+
+/// True when `path` is default_tuning_db_path()'s /tmp fallback: a TuningDb there reads and writes only while its
+/// directory is private (cache/private_dir.hpp), as the kernel cache's /tmp fallback does. Another user could have
+/// made that directory first and planted a database in it.
+bool tuning_db_in_shared_tmp(const std::string& path);
 
 /// "smla-0.1.0;kernels=<fnv64 of every kernel source file>": measurements are only valid for
 /// the kernels they were taken with.
@@ -99,7 +105,10 @@ struct TuningEntry {
 class TuningDb {
  public:
   /// `path` empty: default_tuning_db_path(). `runtime_version` empty: default_tuning_runtime_version().
-  explicit TuningDb(std::string path = {}, std::string runtime_version = {});
+  /// `private_dir` (default: the path's directory when tuning_db_in_shared_tmp(path)): a directory that must be this
+  /// user's alone (made 0700 if absent) for the database to be read or written; while it is not, lookups find nothing
+  /// (one warning with the reason) and store() / check_store() throw naming it.
+  explicit TuningDb(std::string path = {}, std::string runtime_version = {}, std::string private_dir = {});
   ~TuningDb();
   TuningDb(const TuningDb&) = delete;
   TuningDb& operator=(const TuningDb&) = delete;
@@ -141,12 +150,14 @@ class TuningDb {
     std::string stamp;  // identity of the file last parsed (inode, size, mtime)
     std::vector<std::pair<std::string, TuningEntry>> entries;
     std::vector<std::string> warnings;
+    std::string private_problem;  // the last reason private_dir_ was refused (warned once a reason)
   };
   State& state() const;
   void refresh(State& st) const;  // under st.mu
   void warn(State& st, const std::string& msg) const;
+  void refuse_unprivate_dir() const;  // store() / check_store(): throws while private_dir_ is not private
 
-  std::string path_, version_;
+  std::string path_, version_, private_dir_;
   double lock_timeout_s_;
   mutable std::atomic<State*> state_;
 };

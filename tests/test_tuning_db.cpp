@@ -823,6 +823,70 @@ TEST(TuningDb, SharedGroupDatabaseWritableByASecondUser) {
   for (int64_t topk : {512, 528, 544}) EXPECT_TRUE(db.lookup("sm_90a", problem(4096, 128, 5120, topk))) << topk;
 }
 
+// Without a home directory the database falls back to /tmp/smla-tuning-<uid>/, a name anyone can predict: another
+// user could make that directory first and plant a database whose entries every plan() of ours would follow. It is
+// read and written only while it is this user's alone, as the kernel cache's /tmp fallback (cache/private_dir.hpp).
+TEST(TuningDb, SharedTmpFallbackIsUsedOnlyWhilePrivate) {
+  {  // the fallback is chosen, and marked, only when there is no home directory
+    const char* names[] = {"SMLA_TUNING_DB", "XDG_CACHE_HOME", "HOME"};
+    std::vector<std::pair<std::string, std::string>> saved;
+    for (const char* n : names)
+      if (const char* v = std::getenv(n)) saved.emplace_back(n, v);
+    for (const char* n : names) ::unsetenv(n);
+    const std::string fallback = default_tuning_db_path();
+    ::setenv("HOME", "/nonexistent-home", 1);
+    const std::string with_home = default_tuning_db_path();
+    ::unsetenv("HOME");
+    for (const auto& [n, v] : saved) ::setenv(n.c_str(), v.c_str(), 1);
+    // getpwuid() may still name a home directory (root's /root here): then there is no /tmp fallback to check.
+    if (fallback.rfind("/tmp/", 0) == 0) {
+      EXPECT_EQ(fallback, "/tmp/smla-tuning-" + std::to_string(::getuid()) + "/tuning.json");
+      EXPECT_TRUE(tuning_db_in_shared_tmp(fallback));
+    }
+    EXPECT_TRUE(tuning_db_in_shared_tmp("/tmp/smla-tuning-" + std::to_string(::getuid()) + "/tuning.json"));
+    EXPECT_EQ(with_home, "/nonexistent-home/.cache/smla/tuning.json");
+    EXPECT_FALSE(tuning_db_in_shared_tmp(with_home));
+  }
+  TempDir d;
+  const std::string dir = d.path + "/fallback", path = dir + "/tuning.json";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);  // made first by "someone", writable by all
+  TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));  // the planted entry (no private_dir check)
+  TuningDb db(path, "v1", dir);
+  EXPECT_FALSE(db.lookup("sm_90a", problem(4096))) << "an entry in a directory others may write was followed";
+  EXPECT_FALSE(db.lookup("sm_90a", problem(4096)));
+  ASSERT_EQ(db.warnings().size(), 1u) << "one warning a reason, not one a lookup";
+  EXPECT_NE(db.warnings()[0].find("other users may write into it (mode 0777)"), std::string::npos) << db.warnings()[0];
+  EXPECT_NE(db.warnings()[0].find("SMLA_TUNING_DB or HOME"), std::string::npos) << db.warnings()[0];
+  for (const std::function<void()>& f : {std::function<void()>([&] { db.check_store(); }),
+                                        std::function<void()>([&] { db.store("sm_90a", problem(8192), entry(16, 64)); })}) {
+    try {
+      f();
+      ADD_FAILURE() << "a store into a directory others may write went ahead";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(e.message().find("not using " + dir), std::string::npos) << e.message();
+    }
+  }
+  EXPECT_EQ(read(path).find("T<=8192"), std::string::npos) << "the refused store wrote the file";
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);  // now this user's alone: read and written
+  EXPECT_TRUE(db.lookup("sm_90a", problem(4096)));
+  db.store("sm_90a", problem(8192), entry(16, 64));
+  EXPECT_TRUE(db.lookup("sm_90a", problem(8192)));
+  if (::geteuid() == 0) {  // another user's directory, even 0700, is not read
+    ASSERT_EQ(::chown(dir.c_str(), 4242, 4242), 0);
+    EXPECT_FALSE(db.lookup("sm_90a", problem(4096)));
+    ASSERT_EQ(db.warnings().size(), 2u);
+    EXPECT_NE(db.warnings()[1].find("belongs to another user (uid 4242)"), std::string::npos) << db.warnings()[1];
+    ASSERT_EQ(::chown(dir.c_str(), 0, 0), 0);
+  }
+  const std::string absent = d.path + "/absent";  // an absent directory is made, 0700
+  TuningDb(absent + "/tuning.json", "v1", absent).store("sm_90a", problem(4096), entry(32, 256));
+  struct stat st {};
+  ASSERT_EQ(::stat(absent.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
 // smla-tune stores under the version of the sources the Runtime compiles: with SMLA_KERNEL_SRC_DIR set, not the
 // embedded ones (else no plan() finds what it stored). runtime_env() reads the variable once per process, so a
 // fresh process (this test, re-run) reports what it sees.
