@@ -130,6 +130,16 @@ std::vector<std::string> warm_targets(const std::vector<std::string>& given) {
   return out;
 }
 
+std::string target_name_problem(const std::string& target) {
+  const std::string family = target_family(target);
+  if (family.empty())
+    return "unknown target '" + target + "': expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)";
+  std::string why;
+  if (family == "cuda" && !cuda::cuda_target_supported(target, &why)) return target + ": " + why;
+  if (family == "hip" && !hip::hip_target_supported(target, &why)) return target + ": " + why;
+  return "";
+}
+
 WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
                           const WarmupOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -148,26 +158,18 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   std::vector<Job> jobs;
   std::map<std::string, size_t> by_entry;
   for (const std::string& target : warm_targets(targets)) {
-    const std::string family = target_family(target);
-    if (family.empty()) {
-      res.errors.push_back("unknown target '" + target + "': expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
+    // A target plan() would refuse (its syntax, its processor) first, whatever the compiler here; a dry run lists
+    // without compiling, so only that.
+    if (std::string bad = target_name_problem(target); !bad.empty()) {
+      res.errors.push_back(std::move(bad));
       continue;
     }
+    const std::string family = target_family(target);
     const RtcCompiler* rtc = family == "cuda" ? static_cast<const RtcCompiler*>(&nvrtc) : &hiprtc;
     const KernelsOf kernels = kernels_of(family);
     std::string why;
     if (!kernels) {
       res.errors.push_back(target + ": no AMD kernel sources in this build (runtime/hip/kernels_hip.hpp is missing)");
-      continue;
-    }
-    // A target plan() would refuse (its syntax, its processor) first, whatever the compiler here; a dry run lists
-    // without compiling, so only that.
-    if (family == "cuda" && !cuda::cuda_target_supported(target, &why)) {
-      res.errors.push_back(target + ": " + why);
-      continue;
-    }
-    if (family == "hip" && !hip::hip_target_supported(target, &why)) {
-      res.errors.push_back(target + ": " + why);
       continue;
     }
     if (!rtc->available(&why)) {

@@ -65,6 +65,10 @@ std::string target_family(const std::string& target);
 /// same GPU gives xnack+): see hip::hip_target_ids. Others as given, duplicates dropped.
 std::vector<std::string> warm_targets(const std::vector<std::string>& given);
 
+/// Why plan() would refuse `target` by its name alone (its family, syntax, processor), whatever the compilers here;
+/// empty when it would not. warm_kernels() reports such a target as a failed item; smla-warmup refuses it up front.
+std::string target_name_problem(const std::string& target);
+
 /// Compiles (or, dry run, lists) every distinct translation unit the planner would launch for
 /// each problem on each target (as warm_targets() completes them) into a DiskCache at
 /// opts.out_dir; NVRTC on threads, hipRTC in worker subprocesses. Failures are counted and

@@ -531,7 +531,16 @@ TEST(WarmupTool, UsageErrors) {
   // An unknown target is the options' fault (it was a failed item, exit 1, as a kernel that failed).
   r = warmup_tool("--arch foo --shape 4096,128,5120,512 --dry-run --out " + scratch.path, scratch);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("unknown target 'foo' in --arch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--arch: unknown target 'foo'"), std::string::npos) << r.err;
+  // So is a target of a known family that plan() refuses by its name (sm_90 without the a, a processor smla has no
+  // kernels for), and before anything is compiled for the good targets beside it.
+  for (const std::string bad : {"sm_90", "sm_100a", "gfx123"}) {
+    const std::string out = scratch.path + "/bad-" + bad;
+    r = warmup_tool("--arch sm_90a," + bad + " --shape 64,16,80,32 --out " + out, scratch);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("--arch: " + bad + ": "), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << bad << ": kernels were compiled before the bad target was refused";
+  }
 
   // A --tuning-db that is not there is a mistyped path (it warmed the heuristic configs alone, silently).
   r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --out " + scratch.path + " --tuning-db " +

@@ -78,10 +78,11 @@ Request read_request(const Options& o) {
                         "no GPU here to take the targets from (" + why +
                             "): name them with --arch, e.g. --arch sm_90a,gfx950");
   }
-  for (const std::string& t : q.targets)  // (warm_kernels would call it a failed item: exit 1, as a kernel that failed)
-    if (smla::target_family(t).empty())
-      throw smla::Error(smla::Status::InvalidArgument,
-                        "unknown target '" + t + "' in --arch: expected sm_* (NVIDIA, e.g. sm_90a) or gfx* (AMD, e.g. gfx950)");
+  // A misspelt --arch is a usage error (exit 2), before any kernel is compiled for the targets named with it;
+  // warm_kernels would count it a failed item (exit 1, as a kernel that failed).
+  for (const std::string& t : q.targets)
+    if (const std::string bad = smla::target_name_problem(t); !bad.empty())
+      throw smla::Error(smla::Status::InvalidArgument, "--arch: " + bad);
   q.targets = smla::warm_targets(q.targets);  // as compiled: "gfx90a" -> its xnack- and xnack+ ids
   if (o.out.empty()) {
     // The warm-up writes whatever directory it is given, whatever SMLA_CACHE_READONLY, SMLA_CACHE_DISABLE and
