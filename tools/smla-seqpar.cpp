@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -104,21 +105,38 @@ std::vector<RankOut> cpu_ranks(const Problem& whole, const ref::Inputs& in, int 
   Runtime rt;
   auto group = std::make_shared<seqpar::HostGroup>(n);
   std::vector<RankOut> outs(static_cast<size_t>(n));
-  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  // The rank that failed first: the others then fail only because abort() released them ("host group aborted"),
+  // and the lowest rank with an error is usually one of those.
+  std::atomic<int> first_failed{-1};
   std::vector<std::thread> th;
   for (int r = 0; r < n; ++r)
     th.emplace_back([&, r] {
       try {
         seqpar::HostReducer red(group, r);
         outs[size_t(r)] = run_rank(rt, whole, in, r, n, red);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+        int none = -1;
+        first_failed.compare_exchange_strong(none, r);  // before abort(): a released rank always comes second
         group->abort("rank " + std::to_string(r) + " failed");  // release the others
       }
     });
   for (auto& x : th) x.join();
-  for (int r = 0; r < n; ++r)
-    if (!errors[size_t(r)].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[size_t(r)]);
+  if (const int r = first_failed.load(); r >= 0) {
+    const std::string who = "rank " + std::to_string(r) + ": ";
+    try {
+      std::rethrow_exception(errors[size_t(r)]);
+    } catch (const std::bad_alloc&) {
+      throw;  // run_tool's out-of-memory message
+    } catch (const Error& e) {
+      throw Error(e.status(), who + e.message());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(who + e.what());
+    } catch (...) {
+      throw std::runtime_error(who + "failed with an exception that is not a std::exception");
+    }
+  }
   if (one) *one = one_rank(rt, whole, in);  // only for --check
   return outs;
 }
