@@ -1,6 +1,7 @@
 // env.cpp: reads the runtime's knobs once.
 #include "env.hpp"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,8 +19,9 @@ const RuntimeEnv& runtime_env() {
     };
     if (const char* v = std::getenv("SMLA_INTERM_BUDGET_BYTES")) {
       char* end = nullptr;
-      const unsigned long long b = std::strtoull(v, &end, 10);
-      if (*v >= '0' && *v <= '9' && end && *end == '\0' && b > 0) e.interm_budget = size_t(b);
+      errno = 0;
+      const unsigned long long b = std::strtoull(v, &end, 10);  // past 2^64 - 1: ULLONG_MAX and ERANGE (no budget)
+      if (*v >= '0' && *v <= '9' && end && *end == '\0' && errno != ERANGE && b > 0) e.interm_budget = size_t(b);
       else ignored("SMLA_INTERM_BUDGET_BYTES", v, "a positive number of bytes");
     }
     if (const char* v = std::getenv("SMLA_LOG_LEVEL")) {

@@ -66,4 +66,9 @@ inline CLI::Validator non_empty_path() {
   return CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "");
 }
 
+/// The same for a value that is not a path (--shape "$SHAPE" with SHAPE unset ran the default shape).
+inline CLI::Validator non_empty_value() {
+  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty value") : std::string(); }, "");
+}
+
 }  // namespace smla::tools

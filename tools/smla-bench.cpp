@@ -370,7 +370,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "auto (CUDA where usable, else the CPU) | cuda | cpu; hip is refused: "
                  "its tensors would be host memory")
       ->check(CLI::IsMember({"auto", "cuda", "cpu", "hip"}));
-  app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK (default: 4096,128,5120,512 on a GPU, 256,16,320,160 on the CPU)");
+  app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK (default: 4096,128,5120,512 on a GPU, 256,16,320,160 on the CPU)")
+      ->check(smla::tools::non_empty_value());
   app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)")
       ->transform(smla::tools::decimal(o.r_chunk));
   app.add_option("--t-chunk", o.t_chunk, "tokens a chunk (0: the planner's choice: as few equal chunks as the interm budget allows)")

@@ -45,7 +45,8 @@ int report(const char* what, const sc::BulkResult& r) {
 int cache_main(int argc, char** argv) {
   CLI::App app{"smla-cache: list, verify, prune, clear, export and import the smla kernel cache"};
   sc::Settings s = sc::settings_from_env();
-  app.add_option("--dir", s.dir, "cache directory (default: SMLA_CACHE_DIR, else XDG cache)");
+  app.add_option("--dir", s.dir, "cache directory (default: SMLA_CACHE_DIR, else XDG cache)")
+      ->check(smla::tools::non_empty_path());
   app.require_subcommand(1);
   auto* list = app.add_subcommand("list", "tag, target, size and age of every entry");
   auto* verify = app.add_subcommand("verify", "check every entry; exit 1 and name the bad ones");
@@ -56,8 +57,8 @@ int cache_main(int argc, char** argv) {
   auto* exp = app.add_subcommand("export", "write every verified entry into one bundle file");
   auto* imp = app.add_subcommand("import", "add the entries of a bundle, verifying each");
   std::string file;
-  exp->add_option("FILE", file, "bundle to write")->required();
-  imp->add_option("FILE", file, "bundle to read")->required();
+  exp->add_option("FILE", file, "bundle to write")->required()->check(smla::tools::non_empty_path());
+  imp->add_option("FILE", file, "bundle to read")->required()->check(smla::tools::non_empty_path());
   SMLA_TOOL_PARSE(app, argc, argv);
 
   // A --dir that is not a directory, or an explicit one that is not there, is a mistake to say, not "0 entries" (the

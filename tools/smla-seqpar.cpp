@@ -430,7 +430,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--backend", o.backend, "cpu|cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--shape", o.shape, "T,H,NUM_KV,TOPK of the whole batch (default 256,16,320,160 on the CPU, "
-                                     "1024,64,1536,512 with cuda)");
+                                     "1024,64,1536,512 with cuda)")
+      ->check(smla::tools::non_empty_value());
   app.add_option("--r-chunk", o.r_chunk, "R_CHUNK: top-k slots a chunk (0: the planner's choice, all of them)")
       ->transform(smla::tools::decimal(o.r_chunk));
   app.add_option("--t-chunk", o.t_chunk, "tokens a chunk within each rank (0: the planner's choice)")
