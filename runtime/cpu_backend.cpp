@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "check.hpp"
 #include "cpu/cpu_phases.hpp"
@@ -45,8 +46,15 @@ std::shared_ptr<LoadedKernel> CpuBackend::load(const KernelSpec& spec, const std
   return k;
 }
 
-void CpuBackend::launch(const LoadedKernel& k, const KernelSpec&, const SmlaParams& p, void*) {
-  static_cast<const CpuKernel&>(k).fn(p);
+void CpuBackend::launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void*) {
+  // The phases allocate host scratch rows for their threads (up to R_CHUNK x 512 floats a thread): running out is
+  // reported as smla::Error, the one error type of run(), not as std::bad_alloc.
+  try {
+    static_cast<const CpuKernel&>(k).fn(p);
+  } catch (const std::bad_alloc&) {
+    SMLA_THROW(Status::Internal, "the CPU backend's " + spec.entry +
+                                     " phase ran out of host memory for its scratch rows (std::bad_alloc)");
+  }
 }
 
 PointerInfo CpuBackend::pointer_info(const void* ptr, int) const {

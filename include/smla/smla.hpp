@@ -155,7 +155,8 @@ class Plan {
   /// Launches the backward on `stream` (a cudaStream_t / hipStream_t, or null for the default
   /// stream; ignored by the CPU backend, which runs synchronously). Validates the tensors
   /// (throws smla::Error naming the argument, before anything is launched). No device allocation,
-  /// no compilation, no host synchronization.
+  /// no compilation, no host synchronization. The CPU backend allocates only its threads' scratch rows
+  /// (up to R_CHUNK x 512 floats a thread); running out of host memory for them is an smla::Error (Internal).
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
   /// Reads the index report left in `workspace` by the last run with check_indices
   /// (synchronizes the stream: not for use inside a graph capture).

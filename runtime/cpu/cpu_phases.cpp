@@ -205,29 +205,35 @@ void dkv_interm(const SmlaParams& p) {
   });
 }
 
+// A stable counting sort by kv row straight into the workspace's CSR arrays (empty slots, key num_kv, last): row_ptr
+// holds the counts, then the starts, then (after the scatter advanced each) the ends, shifted back into the starts.
+// It needs no memory of its own (a T x R_CHUNK array of pairs and std::stable_sort's buffer before).
 void csr(const SmlaParams& p) {
   const int RC = p.r_chunk;
-  const long long n = static_cast<long long>(p.T) * RC;
-  std::vector<std::pair<int, int>> items(static_cast<size_t>(n));
-  for (int t = 0; t < p.T; ++t)
-    for (int rr = 0; rr < RC; ++rr) {
-      int k = slot_row(p, t, p.r_start + rr);
-      int i = t * RC + rr;
-      items[i] = {k >= 0 ? k : p.num_kv, i};
-    }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const std::pair<int, int>& a, const std::pair<int, int>& b) { return a.first < b.first; });
   int* keys = p.csr_keys[p.csr_final];
   int* vals = p.csr_vals[p.csr_final];
-  for (long long i = 0; i < n; ++i) {
-    keys[i] = items[i].first;
-    vals[i] = items[i].second;
-  }
-  long long pos = 0;  // row_ptr[j] = first position with key >= j
+  int* row_ptr = p.row_ptr;  // num_kv + 1 entries: row_ptr[j] = first position with key >= j
+  auto key = [&](int t, int rr) {
+    const int k = slot_row(p, t, p.r_start + rr);
+    return k >= 0 ? k : p.num_kv;
+  };
+  std::fill(row_ptr, row_ptr + p.num_kv + 1, 0);
+  for (int t = 0; t < p.T; ++t)
+    for (int rr = 0; rr < RC; ++rr) ++row_ptr[key(t, rr)];
+  int run = 0;
   for (int j = 0; j <= p.num_kv; ++j) {
-    while (pos < n && items[pos].first < j) ++pos;
-    p.row_ptr[j] = static_cast<int>(pos);
+    const int c = row_ptr[j];
+    row_ptr[j] = run;
+    run += c;
   }
+  for (int t = 0; t < p.T; ++t)
+    for (int rr = 0; rr < RC; ++rr) {
+      const int k = key(t, rr), pos = row_ptr[k]++;
+      keys[pos] = k;
+      vals[pos] = t * RC + rr;
+    }
+  for (int j = p.num_kv; j > 0; --j) row_ptr[j] = row_ptr[j - 1];  // row_ptr[j - 1] ended where key j starts
+  row_ptr[0] = 0;
 }
 
 void gather(const SmlaParams& p) {
