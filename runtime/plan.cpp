@@ -114,6 +114,10 @@ void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* 
   if (n_t > 1) dims[nd++] = {n_t, st, st_name};
   if (n_h > 1) dims[nd++] = {n_h, sh, sh_name};
   if (nd == 2 && dims[1].s < dims[0].s) std::swap(dims[0], dims[1]);
+  if (nd == 2 && dims[0].s == dims[1].s)  // neither is inside the other: both named (the order would blame one)
+    tensor_error(st_name, std::string("a stride other than ") + sh_name + "'s (both are " + std::to_string(st) +
+                              "): the " + name + " rows of different tokens and heads overlap, and they are written "
+                              "at the same time");
   __int128 extent = row;  // (128 bits: a huge stride times the count overflowed int64; span_of refuses such strides)
   for (int i = 0; i < nd; ++i) {
     const Dim& d = dims[i];

@@ -199,8 +199,15 @@ bool tuned_entry_fits(BackendKind kind, const Problem& p, const TileConfig& t, s
 std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileConfig* cfg) {
   Problem p = p_in;
   if (cfg) validate_config(*cfg);
-  if (cfg && cfg->r_chunk) p.r_chunk = cfg->r_chunk;
-  validate_problem(p);
+  validate_problem(p);  // the caller's problem first: a bad config's r_chunk is not Problem::r_chunk's fault
+  if (cfg && cfg->r_chunk) {
+    if (cfg->r_chunk % 16 != 0 || p.topk % cfg->r_chunk != 0)
+      SMLA_THROW(Status::InvalidArgument, "TileConfig::r_chunk = " + std::to_string(cfg->r_chunk) +
+                                              ": expected 0 (the problem's r_chunk) or a multiple of 16 that divides "
+                                              "topk = " + std::to_string(p.topk));
+    p.r_chunk = cfg->r_chunk;
+    validate_problem(p);
+  }
   const BackendKind kind = resolve(p.backend);
   Backend* be = impl_->backend(kind);
   if (!be)

@@ -127,6 +127,9 @@ TEST(Api, OverlappingOutputsAreRejected) {
     // dq's own rows: token t's heads over token t + 1's (stride_t under H rows), or heads 8 elements apart
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 512; }, "overlap");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 8, t.dq_stride_h = 512 * kSmall.T; }, "dq_stride_t");
+    // Equal strides: neither dimension is inside the other, so both are named (the head stride was blamed alone,
+    // though the caller set only the token's).
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 512; }, "dq_stride_t: expected a stride other than dq_stride_h's (both are 512)");
     // ... while a head-major dq (its own rows disjoint) is accepted: E2E's strided cases run it.
     // The workspace is written too: dq inside it is refused.
     const Problem p = make_problem(b, kSmall);

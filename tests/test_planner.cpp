@@ -127,6 +127,21 @@ TEST(Planner, ExplicitConfigsAreRangeCheckedEverywhere) {
   EXPECT_THROW(rt.plan(p, c), Error);
   c = {}, c.dq_impl = TileConfig::kMaxDqImpl;
   EXPECT_NO_THROW(rt.plan(p, c));  // in range: the CPU backend has no tiles and ignores it
+  // A config's r_chunk that does not divide topk is named as the config's (it was reported as Problem::r_chunk,
+  // which the caller left 0).
+  for (int64_t rc : {48, 24}) {
+    c = {}, c.r_chunk = rc;
+    try {
+      rt.plan(p, c);
+      ADD_FAILURE() << "accepted TileConfig::r_chunk " << rc << " with topk " << p.topk;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("TileConfig::r_chunk = " + std::to_string(rc)), std::string::npos)
+          << e.what();
+    }
+  }
+  c = {}, c.r_chunk = 128;
+  EXPECT_EQ(rt.plan(p, c)->info().r_chunk, 128);
 }
 
 TEST(Planner, DefaultBudgetSplitsTheTokensNotTheTopk) {

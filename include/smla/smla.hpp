@@ -85,7 +85,8 @@ struct Problem {
   /// Check every index and record the first out-of-range one (see Plan::index_report).
   /// Out-of-range indices are always treated as empty slots; this only reports them.
   bool check_indices = false;
-  /// Emit dkv unreduced in fp32 (Tensors::dkv_f32) instead of bf16 (sequence parallelism).
+  /// Write dkv in fp32 (Tensors::dkv then points at num_kv x 512 floats) instead of bf16: a sequence-parallel
+  /// rank's part, summed over the ranks before any rounding.
   bool dkv_fp32 = false;
   BackendKind backend = BackendKind::Auto;
   int device = 0;
