@@ -2,10 +2,15 @@
 // each translation unit exactly as plan() does (kernel_key_fields), dedup, compile into a cache.
 #include "warmup.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -114,6 +119,29 @@ std::vector<std::string> present_targets(std::string* why) {
   if (why) *why = out.empty() ? "cuda: " + wc + "; hip: " + wh : "";
   return out;
 }
+
+namespace {
+
+// What would keep a warm-up from writing `dir`, checked without writing (a dry run): "" when it is a directory this
+// process may write, or absent below one it may.
+std::string out_dir_problem(const std::string& dir) {
+  std::string d = dir.empty() ? "." : dir;
+  for (bool first = true;; first = false) {
+    struct stat st {};
+    if (::stat(d.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) return (first ? d : "its parent " + d) + " is not a directory";
+      if (::access(d.c_str(), W_OK | X_OK) != 0)
+        return (first ? d : "its parent " + d) + " is not writable: " + std::strerror(errno);
+      return "";
+    }
+    if (errno != ENOENT && errno != ENOTDIR) return "cannot stat " + d + ": " + std::strerror(errno);
+    while (d.size() > 1 && d.back() == '/') d.pop_back();  // then up one level: "a/b" -> "a", "/a" -> "/", "a" -> "."
+    const size_t slash = d.rfind('/');
+    d = slash == std::string::npos ? "." : slash == 0 ? "/" : d.substr(0, slash);
+  }
+}
+
+}  // namespace
 
 std::string target_family(const std::string& t) {
   if (t.rfind("sm_", 0) == 0) return "cuda";
@@ -238,7 +266,34 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return res;
   };
-  if (opts.dry_run || jobs.empty()) return finish();
+  if (jobs.empty()) return finish();
+  if (opts.dry_run) {
+    // Nothing is compiled or written: the output directory is checked as a warm-up would need it, and each kernel
+    // looked up in it read-only (Cached, or Planned: a warm-up would compile it).
+    if (std::string why = out_dir_problem(opts.out_dir); !why.empty())
+      SMLA_THROW(Status::InvalidArgument,
+                 "cannot write the warm-up output directory " + opts.out_dir + " (" + why + "); pick another --out");
+    cache::Settings ro = cache::settings_from_env();
+    ro.dir = opts.out_dir;
+    ro.system_dir.clear();
+    ro.disable = false;
+    ro.readonly = true;
+    ro.lock = false;
+    ro.warn_unwritable = false;
+    cache::DiskCache disk(ro);
+    struct NotCached {};
+    for (const Job& j : jobs) {
+      try {
+        if (disk.get_or_compile(j.fields, []() -> cache::CompileOutput { throw NotCached{}; }).origin ==
+            cache::Origin::Disk) {
+          res.items[j.item].state = WarmupItem::State::Cached;
+          ++res.cached;
+        }
+      } catch (const NotCached&) {
+      }
+    }
+    return finish();
+  }
 
   // ---- compile into the output directory, as its user cache (unbounded: never evict here)
   cache::Settings cs = cache::settings_from_env();

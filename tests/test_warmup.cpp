@@ -138,6 +138,9 @@ void warm_cycle(const std::string& arch, const std::vector<std::string>& full_ta
   for (const auto& k : jd["kernels"]) listed.insert(k["key"].get<std::string>());
   EXPECT_EQ(listed, names(keys)) << "warm-up would compile other kernels than plan() looks up";
   EXPECT_FALSE(fs::exists(out + "/entries")) << "a dry run wrote to the cache";
+  EXPECT_FALSE(fs::exists(out)) << "a dry run made the output directory";
+  EXPECT_EQ(jd["cached"], 0);
+  for (const auto& k : jd["kernels"]) EXPECT_EQ(k["state"], "planned") << k.dump();
 
   const ToolRun first = warmup_tool(args, scratch);
   ASSERT_EQ(first.code, 0) << first.out << first.err;
@@ -153,6 +156,12 @@ void warm_cycle(const std::string& arch, const std::vector<std::string>& full_ta
   EXPECT_EQ(j2["compiled"], 0) << "the second run compiled again";
   EXPECT_EQ(j2["cached"], j1["compiled"]);
   EXPECT_EQ(j2["failed"], 0);
+  // A dry run now finds every kernel in the directory (it said "already cached 0" whatever the directory held).
+  const ToolRun dry2 = warmup_tool(args + " --dry-run", scratch);
+  ASSERT_EQ(dry2.code, 0) << dry2.err;
+  const auto jd2 = json_of(dry2);
+  EXPECT_EQ(jd2["cached"], j1["compiled"]) << dry2.out;
+  for (const auto& k : jd2["kernels"]) EXPECT_EQ(k["state"], "cached") << k.dump();
 
   // Another machine: an empty user cache, the warm-up output as the read-only system cache.
   cache::Settings cs;
@@ -656,6 +665,19 @@ TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
   EXPECT_NE(r.err.find("Not a directory"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("SMLA_CACHE_DIR"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("in memory"), std::string::npos) << r.err;
+  // A dry run says so too, writing nothing (it exited 0: a job script it passed then failed).
+  r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + file + "/aot", scratch);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("cannot write the warm-up output directory " + file + "/aot (its parent " + file +
+                       " is not a directory)"),
+            std::string::npos)
+      << r.err;
+  r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + file, scratch);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("(" + file + " is not a directory)"), std::string::npos) << r.err;
+  r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + scratch.path + "/new/deeper/aot", scratch);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(scratch.path + "/new")) << "a dry run made the output directory";
 }
 
 // A problem list's key outside its list is refused, not dropped ("Sink" warmed no d_sink kernel, exit 0).

@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
-  app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys without compiling");
+  app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys, and which --out holds already, compiling and writing nothing");
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
   CLI::Option* no_tuned = app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
   CLI::Option* tuning_db = app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
