@@ -13,13 +13,15 @@
 #include <system_error>
 #include <vector>
 
-#define SMLA_TOOL_PARSE(app, argc, argv)               \
-  do {                                                 \
-    try {                                              \
-      (app).parse((argc), (argv));                     \
-    } catch (const CLI::ParseError& smla_parse_error) { \
-      return (app).exit(smla_parse_error) == 0 ? 0 : 2; \
-    }                                                  \
+// A parse error is exit 2; --help's text is the tool's output, and one that could not be written is 2 as well.
+#define SMLA_TOOL_PARSE(app, argc, argv)                                                   \
+  do {                                                                                     \
+    try {                                                                                  \
+      (app).parse((argc), (argv));                                                         \
+    } catch (const CLI::ParseError& smla_parse_error) {                                    \
+      if ((app).exit(smla_parse_error) != 0) return 2;                                     \
+      return ::smla::tools::flush_stdout(::smla::tools::program_name((argv)[0])) ? 0 : 2; \
+    }                                                                                      \
   } while (0)
 
 namespace smla::tools {
@@ -53,6 +55,12 @@ CLI::Validator decimal(const std::vector<T>&) {
 /// Flushes stdout; false, with "<tool>: cannot write the output: <why>" on stderr, when that fails or a write before
 /// it did. The output is part of a tool's result: on a full disk the JSON or the listing was cut short or empty and
 /// the tool still exited 0.
+/// argv[0] without its directory, as the tools name themselves in messages.
+inline const char* program_name(const char* argv0) {
+  const char* slash = std::strrchr(argv0, '/');
+  return slash ? slash + 1 : argv0;
+}
+
 inline bool flush_stdout(const char* tool) {
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return true;

@@ -138,6 +138,9 @@ int cache_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const int rc = cache_main(argc, argv);
+    // --help's text that could not be written was reported by SMLA_TOOL_PARSE (exit 2 there): here, as any output
+    // of this tool, an I/O error, 1, said once.
+    if (rc == 2 && std::ferror(stdout)) return 1;
     return smla::tools::flush_stdout("smla-cache") ? rc : 1;
   } catch (const std::system_error& e) {
     std::fprintf(stderr, "smla-cache: cannot write the output: %s\n", e.what());
