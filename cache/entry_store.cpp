@@ -227,7 +227,7 @@ const std::string& host_name() {
 std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
 
 bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s) {
-  bool stale = age_ns > stale_s * 1000000000LL;
+  bool stale = age_ns / 1000000000LL >= stale_s && age_ns > 0;  // (no stale_s x 1e9: it overflowed past ~292 years)
   // <host>.<pid>.<rand>; the host may itself contain dots.
   size_t d2 = tail.rfind('.');
   size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : tail.rfind('.', d2 - 1);

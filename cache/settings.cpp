@@ -2,6 +2,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -94,11 +95,13 @@ Settings settings_from_env() {
   read_number("SMLA_CACHE_LOCK_TIMEOUT_S", 0, &s.lock_timeout_s);
   double stale = double(s.stale_staging_s);
   read_number("SMLA_CACHE_STALE_S", 0, &stale);
-  s.stale_staging_s = int64_t(stale);
+  // Past ~31 years means never (and stays well inside int64 nanoseconds: 99999999999999999999 became a negative
+  // age limit, which removed every other process's staging at once).
+  s.stale_staging_s = int64_t(std::min(stale, 1e9));
   read_bool("SMLA_CACHE_TEST_FAIL_WRITES", &s.test_fail_writes);
   double delay = 0;
   read_number("SMLA_CACHE_TEST_PUBLISH_DELAY_MS", 0, &delay);
-  s.test_publish_delay_ms = int(delay);
+  s.test_publish_delay_ms = int(std::min(delay, 3.6e6));  // at most an hour (int(3e9) was no delay)
   return s;
 }
 

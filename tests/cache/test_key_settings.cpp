@@ -97,6 +97,19 @@ TEST(CacheSettings, ReadsEveryKnob) {
   EXPECT_EQ(s.stale_staging_s, 60);
   EXPECT_TRUE(s.test_fail_writes);
   EXPECT_EQ(s.test_publish_delay_ms, 7);
+  // Huge values mean never / an hour: they were cast past int64 and int, a negative staging age limit that removed
+  // every other process's publish at once, and no delay.
+  for (const char* huge : {"99999999999999999999", "1e30", "inf", "10000000000"}) {
+    g.set("SMLA_CACHE_STALE_S", huge);
+    g.set("SMLA_CACHE_TEST_PUBLISH_DELAY_MS", huge);
+    s = settings_from_env();
+    EXPECT_EQ(s.stale_staging_s, int64_t(1000000000)) << huge;
+    EXPECT_EQ(s.test_publish_delay_ms, 3600000) << huge;
+  }
+  EXPECT_FALSE(detail::owner_gone("otherhost.4242.abcd", int64_t(5) * 1000000000, s.stale_staging_s))
+      << "a 5 s old staging of another host was gone under a huge SMLA_CACHE_STALE_S";
+  EXPECT_TRUE(detail::owner_gone("otherhost.4242.abcd", int64_t(61) * 1000000000, 60));
+  EXPECT_FALSE(detail::owner_gone("otherhost.4242.abcd", int64_t(59) * 1000000000, 60));
 }
 
 TEST(CacheSettings, DefaultsAndBadValues) {
