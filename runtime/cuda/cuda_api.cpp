@@ -36,6 +36,20 @@ std::string env_or(const char* name, const std::string& fallback = {}) {
   return v && *v ? std::string(v) : fallback;
 }
 
+// The libraries to try: the one `var` names alone when it is set (a path that does not open is an error naming it,
+// as SMLA_LIBHIP's: falling back to the system's library hid a mistyped path), else `defaults`.
+std::vector<std::string> library_candidates(const char* var, std::vector<std::string> defaults) {
+  if (std::string v = env_or(var); !v.empty()) return {v};
+  return defaults;
+}
+
+// "could not be opened: <dlerror>", naming `var` when its value was the one tried.
+std::string open_failure(const char* var, const std::string& what, const std::string& err) {
+  const std::string v = env_or(var);
+  return v.empty() ? what + " could not be opened: " + err
+                   : std::string(var) + "='" + v + "' could not be opened (" + err + ")";
+}
+
 bool file_exists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;
@@ -74,9 +88,9 @@ const Driver& driver() {
       ~Opened() { g_driver_opened.store(true, std::memory_order_release); }
     } opened;
     std::string err;
-    void* h = open_first({env_or("SMLA_LIBCUDA"), "libcuda.so.1", "libcuda.so"}, &d.path, &err);
+    void* h = open_first(library_candidates("SMLA_LIBCUDA", {"libcuda.so.1", "libcuda.so"}), &d.path, &err);
     if (!h) {
-      d.why = "the CUDA driver (libcuda.so.1) could not be opened: " + err;
+      d.why = open_failure("SMLA_LIBCUDA", "the CUDA driver (libcuda.so.1)", err);
       return;
     }
     // cuda.h 13 names cuEventElapsedTime_v2 (drivers >= 12.8); older drivers have only the unversioned one, with the
@@ -122,14 +136,15 @@ const Nvrtc& nvrtc() {
   static Nvrtc n;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> names{env_or("SMLA_LIBNVRTC"), "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    std::vector<std::string> defaults{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
     for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
-      if (const char* r = std::getenv(root)) names.push_back(std::string(r) + "/lib64/libnvrtc.so");
-    names.push_back("/usr/local/cuda/lib64/libnvrtc.so");
+      if (const char* r = std::getenv(root)) defaults.push_back(std::string(r) + "/lib64/libnvrtc.so");
+    defaults.push_back("/usr/local/cuda/lib64/libnvrtc.so");
     std::string err;
-    void* h = open_first(names, &n.path, &err);
+    void* h = open_first(library_candidates("SMLA_LIBNVRTC", defaults), &n.path, &err);
     if (!h) {
-      n.why = "NVRTC (libnvrtc.so) could not be opened: " + err + " (set SMLA_LIBNVRTC to its path)";
+      n.why = open_failure("SMLA_LIBNVRTC", "NVRTC (libnvrtc.so)", err);
+      if (env_or("SMLA_LIBNVRTC").empty()) n.why += " (set SMLA_LIBNVRTC to its path)";
       return;
     }
 #define SMLA_LOAD(member, sym)                                               \
@@ -181,7 +196,9 @@ bool is_binary_refusal(const Error& e) {
 }
 
 std::string cuda_include_dir() {
-  std::vector<std::string> cands{env_or("SMLA_CUDA_INCLUDE")};
+  // SMLA_CUDA_INCLUDE, when set, alone (NvrtcCompiler::available() then names it when it holds no cuda.h).
+  if (std::string v = env_or("SMLA_CUDA_INCLUDE"); !v.empty()) return file_exists(v + "/cuda.h") ? v : std::string();
+  std::vector<std::string> cands;
   for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
     if (const char* r = std::getenv(root)) cands.push_back(std::string(r) + "/include");
   cands.push_back("/usr/local/cuda/include");

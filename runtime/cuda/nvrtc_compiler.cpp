@@ -50,7 +50,11 @@ bool NvrtcCompiler::available(std::string* why) const {
     return false;
   }
   if (include_dir_.empty()) {
-    if (why) *why = "no CUDA include directory (cuda.h, CUB) found: set SMLA_CUDA_INCLUDE or CUDA_HOME";
+    if (why) {
+      const char* v = std::getenv("SMLA_CUDA_INCLUDE");
+      *why = v && *v ? std::string("SMLA_CUDA_INCLUDE='") + v + "' holds no cuda.h"
+                     : "no CUDA include directory (cuda.h, CUB) found: set SMLA_CUDA_INCLUDE or CUDA_HOME";
+    }
     return false;
   }
   return true;
