@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "cli_parse.hpp"  // beside this file
@@ -109,19 +110,28 @@ std::vector<RankOut> cpu_ranks(const Problem& whole, const ref::Inputs& in, int 
   // The rank that failed first: the others then fail only because abort() released them ("host group aborted"),
   // and the lowest rank with an error is usually one of those.
   std::atomic<int> first_failed{-1};
+  auto fail = [&](int r, std::exception_ptr e) {
+    errors[size_t(r)] = std::move(e);
+    int none = -1;
+    first_failed.compare_exchange_strong(none, r);  // before abort(): a released rank always comes second
+    group->abort("rank " + std::to_string(r) + " failed");  // release the others
+  };
   std::vector<std::thread> th;
-  for (int r = 0; r < n; ++r)
-    th.emplace_back([&, r] {
-      try {
-        seqpar::HostReducer red(group, r);
-        outs[size_t(r)] = run_rank(rt, whole, in, r, n, red);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-        int none = -1;
-        first_failed.compare_exchange_strong(none, r);  // before abort(): a released rank always comes second
-        group->abort("rank " + std::to_string(r) + " failed");  // release the others
-      }
-    });
+  for (int r = 0; r < n; ++r) {
+    try {
+      th.emplace_back([&, r] {
+        try {
+          seqpar::HostReducer red(group, r);
+          outs[size_t(r)] = run_rank(rt, whole, in, r, n, red);
+        } catch (...) {
+          fail(r, std::current_exception());
+        }
+      });
+    } catch (...) {  // no thread for rank r (no memory for its stack): the ranks started are released and joined
+      fail(r, std::current_exception());
+      break;
+    }
+  }
   for (auto& x : th) x.join();
   if (const int r = first_failed.load(); r >= 0) {
     const std::string who = "rank " + std::to_string(r) + ": ";
@@ -129,6 +139,8 @@ std::vector<RankOut> cpu_ranks(const Problem& whole, const ref::Inputs& in, int 
       std::rethrow_exception(errors[size_t(r)]);
     } catch (const std::bad_alloc&) {
       throw;  // run_tool's out-of-memory message
+    } catch (const std::system_error& e) {  // std::thread's: a rank's thread could not be started
+      throw std::runtime_error(who + "could not start its thread (" + e.what() + "): fewer --ranks, or more memory");
     } catch (const Error& e) {
       throw Error(e.status(), who + e.message());
     } catch (const std::exception& e) {
