@@ -155,8 +155,14 @@ Parsed read_db(const std::string& path, json* entries, std::string* why) {
     return Parsed::Unreadable;
   }
   // Tests only: holds the reader here, inside a lookup (TuningDb.ForkedChildLooksUpWhileAParentThreadIsInsideALookup).
-  if (const char* ms = std::getenv("SMLA_TUNING_DB_TEST_READ_DELAY_MS"))
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  // A whole number of milliseconds up to 10 minutes; anything else (atoi read "1500x" as 1500) is no delay.
+  if (const char* ms = std::getenv("SMLA_TUNING_DB_TEST_READ_DELAY_MS")) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(ms, &end, 10);
+    if (end != ms && *end == '\0' && errno == 0 && v > 0 && v <= 600000)
+      std::this_thread::sleep_for(std::chrono::milliseconds(v));
+  }
   std::string text;
   char buf[65536];
   for (;;) {

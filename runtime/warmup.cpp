@@ -29,6 +29,7 @@
 #include "hip/hip_backend.hpp"
 #include "hip/hiprtc_compiler.hpp"
 #include "kernel_key.hpp"
+#include "log.hpp"
 #include "planner.hpp"
 #include "sources.hpp"
 #include "tuning_db.hpp"
@@ -171,6 +172,9 @@ std::string target_name_problem(const std::string& target) {
 WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vector<std::string>& targets,
                           const WarmupOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
+  // The settings a warm-up plans with (SMLA_INTERM_BUDGET_BYTES chooses the chunks, hence the kernels): a value that
+  // cannot be read is said here as a Runtime says it (it was ignored without a word).
+  for (const std::string& w : runtime_env().warnings) log().warn("{}", w);
   SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
   WarmupResult res;
   // The sources plan() will compile: the option, else SMLA_KERNEL_SRC_DIR as the runtime reads it, else

@@ -719,11 +719,14 @@ TEST(WarmupTool, AReadOnlyUserCacheIsNotWarmedWithoutOut) {
 // spdlog's default logger, to stdout, ahead of --json's document.
 TEST(WarmupTool, CacheWarningsStayOffStdout) {
   TempDir scratch;
-  const std::string env = "SMLA_CACHE_DIR=" + scratch.path + "/user SMLA_CACHE_MAX_BYTES=12Q";
+  const std::string env =
+      "SMLA_CACHE_DIR=" + scratch.path + "/user SMLA_CACHE_MAX_BYTES=12Q SMLA_INTERM_BUDGET_BYTES=4GB";
   ToolRun r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --json", scratch, env);
   ASSERT_EQ(r.code, 0) << r.err;
   json_of(r);  // stdout is the document alone
   EXPECT_NE(r.err.find("ignoring SMLA_CACHE_MAX_BYTES='12Q'"), std::string::npos) << r.err;
+  // The runtime's settings the warm-up plans with, as a Runtime says them (they were ignored without a word here).
+  EXPECT_NE(r.err.find("ignoring SMLA_INTERM_BUDGET_BYTES='4GB'"), std::string::npos) << r.err;
   r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --json", scratch, env + " SMLA_LOG_LEVEL=off");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err.find("ignoring"), std::string::npos) << "SMLA_LOG_LEVEL=off: " << r.err;
