@@ -53,10 +53,29 @@ __device__ __forceinline__ void mma_rs<64>(float (&d)[32], const unsigned (&a)[4
 
 template <int N>
 __device__ __forceinline__ void mma(float (&d)[N / 2], unsigned long long da, unsigned long long db, int acc) {
+  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "N 24 and 48: the specializations below");
   if constexpr (N == 32) smla_wgmma_m64n32k16<0, 0>(d, da, db, acc);
   if constexpr (N == 64) smla_wgmma_m64n64k16<0, 0>(d, da, db, acc);
   if constexpr (N == 128) smla_wgmma_m64n128k16<0, 0>(d, da, db, acc);
   if constexpr (N == 256) smla_wgmma_m64n256k16<0, 0>(d, da, db, acc);
+}
+// N 24 and 48 (not in wgmma.cuh): the tile widths a ping-pong of dq's consumers (24-row tiles) or a 48-row tile would
+// run S/dP at. Both operands K-major from shared memory, as above.
+template <>
+__device__ __forceinline__ void mma<24>(float (&d)[12], unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+      : "l"(da), "l"(db), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void mma<48>(float (&d)[24], unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(da), "l"(db), "r"(acc));
 }
 
 // Every warpgroup of the block runs `iters` chains; A (64 rows) at wg * 64 KB, B (N rows) after the A's.
@@ -64,8 +83,8 @@ template <int N, bool RS, bool COPY>
 __global__ void __launch_bounds__(256, 1) rate(int iters, int wgs, const uint4* src, long long* cycles, float* sink,
                                                 int acc0) {
   extern __shared__ __align__(1024) char smem[];
-  // Nonzero operands (bf16 pairs between 1/16 and 1): with all-zero register A fragments the RS form reported
-  // rates above the peak.
+  // Nonzero operands (bf16 pairs between 1/16 and 1). (The RS rows' rates above the peak, once blamed on zero
+  // operands, were ptxas deleting chains overwritten unread: acc0.)
   for (int i = threadIdx.x; i < kSmem / 4; i += blockDim.x)
     reinterpret_cast<unsigned*>(smem)[i] = 0x3D803D80u + ((i * 2654435761u) >> 25) * 0x00010001u;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -159,6 +178,8 @@ int main() {
   CHECK(cudaMalloc(&src, (size_t)kRows * 1024));
   CHECK(cudaMemset(src, 0, (size_t)kRows * 1024));
   for (int wgs = 1; wgs <= 2; ++wgs) {
+    run<24>(sms, wgs, src);
+    run<48>(sms, wgs, src);
     run<32>(sms, wgs, src);
     run<64>(sms, wgs, src);
     run<128>(sms, wgs, src);
@@ -166,6 +187,8 @@ int main() {
     run<32, true>(sms, wgs, src);
     run<64, true>(sms, wgs, src);
   }
+  run<24, false, true>(sms, 2, src);
+  run<48, false, true>(sms, 2, src);
   run<32, false, true>(sms, 2, src);
   run<32, true, true>(sms, 2, src);
   run<64, false, true>(sms, 2, src);
