@@ -55,11 +55,8 @@ void validate_problem(const Problem& p) {
         Status::Unsupported);
   if (p.topk > 8192) bad("topk", std::to_string(p.topk), "at most 8192", Status::Unsupported);
   if (p.T * p.topk > kMaxI32) bad("T * topk", std::to_string(p.T * p.topk), "below 2^31 (int32 slot ids)");
-  if (p.r_chunk != 0) {
-    if (p.r_chunk < 16 || p.r_chunk % 16 != 0 || p.topk % p.r_chunk != 0)
-      bad("r_chunk", std::to_string(p.r_chunk),
-          "0 (planner's choice) or a multiple of 16 that divides topk = " + std::to_string(p.topk));
-  }
+  if (p.r_chunk != 0 && !r_chunk_ok(p.r_chunk, p.topk))
+    bad("r_chunk", std::to_string(p.r_chunk), "0 (planner's choice) or " + r_chunk_expected(p.topk));
   if (p.t_chunk != 0 && (p.t_chunk < 1 || p.t_chunk > p.T))
     bad("t_chunk", std::to_string(p.t_chunk), "0 (planner's choice) or 1..T = " + std::to_string(p.T));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0))
@@ -72,6 +69,10 @@ void validate_problem(const Problem& p) {
   if (p.backend < BackendKind::Auto || p.backend > BackendKind::Hip)
     bad("backend", std::to_string(static_cast<int>(p.backend)), "0 (auto), 1 (cpu), 2 (cuda) or 3 (hip)");
 }
+
+bool r_chunk_ok(int64_t r_chunk, int64_t topk) { return r_chunk >= 16 && r_chunk % 16 == 0 && topk % r_chunk == 0; }
+
+std::string r_chunk_expected(int64_t topk) { return "a multiple of 16 that divides topk = " + std::to_string(topk); }
 
 void validate_config(const TileConfig& c) {
   auto bad_cfg = [](const char* field, int64_t got, const std::string& expected, const char* file = __builtin_FILE(),

@@ -14,6 +14,11 @@ namespace smla {
 /// Throws smla::Error naming the field and what is expected when the problem is invalid or
 /// unsupported. Changes nothing.
 void validate_problem(const Problem& p);
+
+/// A non-zero r_chunk the planner takes: a multiple of 16 that divides topk (Problem::r_chunk, TileConfig::r_chunk).
+bool r_chunk_ok(int64_t r_chunk, int64_t topk);
+/// What an r_chunk that is not r_chunk_ok() is told it should be.
+std::string r_chunk_expected(int64_t topk);
 /// The ranges every backend checks in an explicit TileConfig (the GPU backends then check the tiles against their
 /// kernels; the CPU backend has no tiles and ignores them): impls within 0..kMax, tile sizes and r_chunk >= 0.
 void validate_config(const TileConfig& c);

@@ -201,10 +201,9 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   if (cfg) validate_config(*cfg);
   validate_problem(p);  // the caller's problem first: a bad config's r_chunk is not Problem::r_chunk's fault
   if (cfg && cfg->r_chunk) {
-    if (cfg->r_chunk % 16 != 0 || p.topk % cfg->r_chunk != 0)
+    if (!r_chunk_ok(cfg->r_chunk, p.topk))
       SMLA_THROW(Status::InvalidArgument, "TileConfig::r_chunk = " + std::to_string(cfg->r_chunk) +
-                                              ": expected 0 (the problem's r_chunk) or a multiple of 16 that divides "
-                                              "topk = " + std::to_string(p.topk));
+                                              ": expected 0 (the problem's r_chunk) or " + r_chunk_expected(p.topk));
     p.r_chunk = cfg->r_chunk;
     validate_problem(p);
   }

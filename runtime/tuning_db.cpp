@@ -453,11 +453,16 @@ TuningDb::TuningDb(std::string path, std::string runtime_version, std::string pr
       lock_timeout_s_(lock_timeout_from_env()),
       state_(new State(::getpid())) {}
 
+std::string TuningDb::unprivate_dir(std::string* why) const {
+  if (private_dir_.empty()) return "";
+  *why = cache::private_dir_problem(private_dir_);
+  return why->empty() ? "" : "tuning db " + path_ + ": not using " + private_dir_ + " (" + *why + ")";
+}
+
 void TuningDb::refuse_unprivate_dir() const {
-  if (private_dir_.empty()) return;
-  if (const std::string why = cache::private_dir_problem(private_dir_); !why.empty())
-    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + ": not using " + private_dir_ + " (" + why +
-                                            "); set SMLA_TUNING_DB or HOME to a place of your own");
+  std::string why;
+  if (const std::string msg = unprivate_dir(&why); !msg.empty())
+    SMLA_THROW(Status::InvalidArgument, msg + "; set SMLA_TUNING_DB or HOME to a place of your own");
 }
 
 TuningDb::~TuningDb() { delete state_.load(); }
@@ -484,19 +489,17 @@ std::vector<std::string> TuningDb::warnings() const {
 }
 
 void TuningDb::refresh(State& st) const {
-  if (!private_dir_.empty()) {
-    // Checked on every lookup (a stat): the directory may be replaced while this process runs.
-    if (const std::string why = cache::private_dir_problem(private_dir_); !why.empty()) {
-      if (why != st.private_problem)
-        warn(st, "tuning db " + path_ + ": not using " + private_dir_ + " (" + why +
-                     "); the planner uses its heuristics. Set SMLA_TUNING_DB or HOME to a place of your own.");
-      st.private_problem = why;
-      st.stamp.clear();
-      st.entries.clear();
-      return;
-    }
-    st.private_problem.clear();
+  // Checked on every lookup (a stat): the directory may be replaced while this process runs.
+  std::string dir_why;
+  if (const std::string msg = unprivate_dir(&dir_why); !msg.empty()) {
+    if (dir_why != st.private_problem)
+      warn(st, msg + "; the planner uses its heuristics. Set SMLA_TUNING_DB or HOME to a place of your own.");
+    st.private_problem = dir_why;
+    st.stamp.clear();
+    st.entries.clear();
+    return;
   }
+  st.private_problem.clear();
   const std::string stamp = file_stamp(path_);
   if (stamp == st.stamp) return;  // unchanged since the last parse: warnings were given then
   st.stamp = stamp;

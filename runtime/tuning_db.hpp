@@ -155,6 +155,7 @@ class TuningDb {
   State& state() const;
   void refresh(State& st) const;  // under st.mu
   void warn(State& st, const std::string& msg) const;
+  std::string unprivate_dir(std::string* why) const;  // "" while private_dir_ is private (or none), else the message
   void refuse_unprivate_dir() const;  // store() / check_store(): throws while private_dir_ is not private
 
   std::string path_, version_, private_dir_;
