@@ -1,4 +1,4 @@
-// relative_path.hpp: whether a name stays inside the directory it is joined to (kernel sources read from
+// relative_path.hpp: path names. Whether a name stays inside the directory it is joined to (kernel sources read from
 // SMLA_KERNEL_SRC_DIR, failed sources written under the dump directory): relative, with no empty, "." or ".."
 // component. An absolute name or one with ".." reached out of the directory.
 #pragma once
@@ -16,6 +16,13 @@ inline bool stays_inside(const std::string& name) {
     b = e + 1;
   }
   return true;
+}
+
+/// The directory of `path`: "." for a bare name, "/" for one at the root (the tuning db's files, warm-up's --out).
+inline std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 }  // namespace smla

@@ -25,6 +25,7 @@
 #include "env.hpp"
 #include "log.hpp"
 #include "planner.hpp"
+#include "relative_path.hpp"  // parent_dir
 #include "sources.hpp"
 
 namespace smla {
@@ -48,12 +49,6 @@ const char* env(const char* name) {
 // default_tuning_db_path()'s fallback without a home directory: a name anyone can predict, so used only while
 // private (TuningDb::private_dir_).
 std::string shared_tmp_dir() { return "/tmp/smla-tuning-" + std::to_string(getuid()); }
-
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 std::string base_name(const std::string& path) {
   const size_t slash = path.rfind('/');

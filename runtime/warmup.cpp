@@ -31,6 +31,7 @@
 #include "kernel_key.hpp"
 #include "log.hpp"
 #include "planner.hpp"
+#include "relative_path.hpp"  // parent_dir
 #include "sources.hpp"
 #include "tuning_db.hpp"
 
@@ -136,9 +137,8 @@ std::string out_dir_problem(const std::string& dir) {
       return "";
     }
     if (errno != ENOENT && errno != ENOTDIR) return "cannot stat " + d + ": " + std::strerror(errno);
-    while (d.size() > 1 && d.back() == '/') d.pop_back();  // then up one level: "a/b" -> "a", "/a" -> "/", "a" -> "."
-    const size_t slash = d.rfind('/');
-    d = slash == std::string::npos ? "." : slash == 0 ? "/" : d.substr(0, slash);
+    while (d.size() > 1 && d.back() == '/') d.pop_back();  // then up one level: "a/b/" -> "a"
+    d = parent_dir(d);
   }
 }
 
