@@ -238,7 +238,10 @@ TEST(Api, IndexCheckReportsTheFirstBadIndex) {
 }
 
 TEST(Api, SecondPlanOfTheSameProblemCompilesNothing) {
+  int checked = 0;
   for (BackendKind b : backends_here()) {
+    if (b == BackendKind::Cpu) continue;  // it compiles nothing at all: its counters stay 0 whatever plan() does
+    ++checked;
     const Problem p = make_problem(b, kSmall);
     shared_runtime().plan(p);
     const auto before = shared_runtime().counters();
@@ -248,6 +251,7 @@ TEST(Api, SecondPlanOfTheSameProblemCompilesNothing) {
     EXPECT_EQ(after.disk_hits, before.disk_hits) << backend_name(b);
     EXPECT_EQ(again->info().compiled, 0);
   }
+  if (checked == 0) GTEST_SKIP() << "no backend that compiles kernels is usable here (the CPU backend compiles none)";
 }
 
 TEST(Api, OneRuntimeServesManyThreads) {
@@ -637,6 +641,7 @@ TEST(CApi, PlanOptionsChooseTokenChunksAndInfoReportsThem) {
   const ref::Grads g = ref::backward(in);
   expect_bar("dkv (token chunks)", ref::compare(g.dkv, chunked.dkv.data(), chunked.dkv.size()));
   expect_bar("dq (token chunks)", ref::compare(g.dq, chunked.dq.data(), chunked.dq.size()));
+  expect_bar("d_sink (token chunks)", ref::compare(g.d_sink, chunked.d_sink.data(), chunked.d_sink.size()));
 
   // An older caller's struct (nothing past struct_size): the defaults.
   smla_plan_options_t old_opt{};

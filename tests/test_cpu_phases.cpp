@@ -364,14 +364,23 @@ TEST(CpuPhases, NanSinkWithSinkExcludedLsePropagates) {
   Options o;
   o.lse_mode = SMLA_LSE_EXCLUDES_SINK;
   Outputs out = run_phases(in, lse_in_mode(in, false, true), o);
+  // The outputs start as the poison, itself a NaN (a signalling one, which no arithmetic returns): a computed NaN is
+  // told from an element never written by its bits.
+  uint32_t sink_bits;
+  std::memcpy(&sink_bits, &out.d_sink[nan_head], 4);
   for (int h = 0; h < 16; ++h) {
-    size_t nonfinite = 0;
+    size_t nonfinite = 0, unwritten = 0;
     for (int t = 0; t < 40; ++t)
-      for (int d = 0; d < D; ++d)
-        nonfinite += !std::isfinite(smla::bf16_to_float(out.dq[(size_t(t) * 16 + h) * D + d]));
+      for (int d = 0; d < D; ++d) {
+        const uint16_t v = out.dq[(size_t(t) * 16 + h) * D + d];
+        nonfinite += !std::isfinite(smla::bf16_to_float(v));
+        unwritten += v == kPoisonBf16;
+      }
+    EXPECT_EQ(unwritten, 0u) << "head " << h;
     if (h == nan_head) {
       EXPECT_EQ(nonfinite, size_t(40) * D) << "head " << h;
       EXPECT_TRUE(std::isnan(out.d_sink[h]));
+      EXPECT_NE(sink_bits, kPoisonF32) << "d_sink of the NaN head was not written";
     } else {
       EXPECT_EQ(nonfinite, 0u) << "head " << h;
       EXPECT_TRUE(std::isfinite(out.d_sink[h])) << "head " << h;

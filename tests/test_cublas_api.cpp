@@ -152,6 +152,8 @@ TEST(CublasApi, GemmRunsOnAGpu) {
     EXPECT_EQ(r->n, n);
     EXPECT_EQ(r->repeats, 5);
     EXPECT_GT(r->ms, 0.0);
+    // (the two reported figures agree: the rate is the n^3 GEMM's 2 n^3 FLOPs over the time; the bounds below are
+    // what checks the time itself)
     EXPECT_NEAR(r->tflops, 2.0 * double(n) * n * n / (r->ms * 1e-3) / 1e12, 1e-9 * r->tflops);
     // Far above what no tensor cores would give, far below any GPU's peak: a rate that is off
     // by a unit (us vs ms) or a GEMM that did not run fails.

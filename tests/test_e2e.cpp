@@ -197,6 +197,8 @@ void expect_token_chunks_keep_dq_bits(BackendKind b, const Case& unchunked, int 
   expect_bar("dkv without token chunks", ref::compare(g.dkv, one.dkv.data(), g.dkv.size()));
   expect_bar("dkv with token chunks", ref::compare(g.dkv, split.dkv.data(), g.dkv.size()));
   expect_bar("dq", ref::compare(g.dq, split.dq.data(), g.dq.size()));
+  // (the bit comparison above would pass on two unwritten, poisoned d_sink: the value is checked too)
+  if (unchunked.sink) expect_bar("d_sink", ref::compare(g.d_sink, split.d_sink.data(), size_t(unchunked.H)));
 }
 
 TEST(E2E, TokenChunksKeepDqBitsOnTheCpu) {

@@ -57,6 +57,16 @@ TEST(KernelKey, TargetAndOptionsAreInTheKey) {
   const auto b = cache::make_key(kernel_key_fields(dq, src, nvrtc, "sm_80", nullptr));
   EXPECT_NE(a.digest, b.digest);
   EXPECT_NE(a.entry_name().find("dq"), std::string::npos) << a.entry_name();  // readable tag first
+
+  // The options: the fields carry the compiler's options for the target, and a change of one changes the key (with
+  // the target held: above, the target alone would have told the two apart).
+  const cache::KeyFields f = kernel_key_fields(dq, src, nvrtc, "sm_90a", nullptr);
+  EXPECT_FALSE(f.options.empty());
+  EXPECT_EQ(f.options, nvrtc.options("sm_90a"));
+  EXPECT_EQ(f.compiler_id, nvrtc.identity());
+  cache::KeyFields g = f;
+  g.options.push_back("-DSMLA_SOMETHING_ELSE=1");
+  EXPECT_NE(cache::make_key(f).digest, cache::make_key(g).digest);
 }
 
 }  // namespace

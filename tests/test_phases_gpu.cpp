@@ -1,7 +1,7 @@
 // test_phases_gpu.cpp: each CUDA phase alone. Before every phase the GPU's whole state (workspace
 // and outputs) is copied to the host; the CPU backend's phase (itself checked against the float64
 // reference in test_cpu_phases) runs on that same state; the regions the phase writes must agree:
-// exactly for the integer ones (csr, index report), at the contract's bar for the float ones.
+// exactly for the integer ones (csr, index report), at the contract's bar for the float ones (fp32 sums: 1e-4).
 // Skipped with a message where no CUDA device is usable.
 #include <gtest/gtest.h>
 
@@ -25,12 +25,12 @@ struct State {
   std::vector<float> d_sink;
 };
 
-// Float regions compared at the bar (bf16 or fp32), integer regions exactly. Elements that hold the
+// Float regions compared at the bar (bf16 or fp32; `bar`: the relative L2 error allowed), integer regions exactly. Elements that hold the
 // same bits on both sides (including a phase's untouched poison, or the -inf lse of a token with
 // no valid slot and no sink) agree; an element finite on one side only is a failure; the rest
 // are compared at the contract's bar.
 void compare_region(const char* name, bool is_bf16, bool is_int, const unsigned char* gpu, const unsigned char* cpu,
-                    size_t bytes) {
+                    size_t bytes, double bar = 1e-2) {
   if (!bytes) return;
   if (is_int) {
     EXPECT_EQ(std::memcmp(gpu, cpu, bytes), 0) << name << " differs from the CPU phase";
@@ -62,7 +62,7 @@ void compare_region(const char* name, bool is_bf16, bool is_int, const unsigned 
   EXPECT_EQ(finite_mismatch, 0u) << name << ": elements finite on one side only";
   std::vector<float> gotf(got.begin(), got.end());
   const ref::Compare c = ref::compare(ref, gotf.data(), gotf.size());
-  EXPECT_TRUE(c.finite && c.rel_err <= 1e-2 && c.cosine >= 0.9999)
+  EXPECT_TRUE(c.finite && c.rel_err <= bar && c.cosine >= 0.9999)
       << name << ": rel_err " << c.rel_err << " cosine " << c.cosine << " finite " << c.finite;
 }
 
@@ -193,15 +193,20 @@ void check_phases(const Case& c, uint64_t seed) {
     };
     if (ph == "dq" && !fused_dkv) unspecified_tail(L.ds, size_t(c.H) * 2), unspecified_tail(L.pm, size_t(c.H) * 2);
     if (ph == "dkv_interm" || (ph == "dq" && fused_dkv)) unspecified_tail(L.interm, 512 * 2);
-    auto region = [&](const Region& r, bool bf16, bool integer) {
-      compare_region(r.name, bf16, integer, after.ws.data() + r.offset, hw + host_of(r).offset, r.bytes);
+    auto region = [&](const Region& r, bool bf16, bool integer, double bar = 1e-2) {
+      compare_region(r.name, bf16, integer, after.ws.data() + r.offset, hw + host_of(r).offset, r.bytes, bar);
     };
+    // delta, lse_n and d_sink are fp32 sums of the same rows on both sides (only their order and the exponential's
+    // approximation differ), and the next phases of both take the GPU's: each held far tighter than the outputs'
+    // bar, so that an error the bar would let through (1% of every lse) fails here.
+    constexpr double kSumBar = 1e-4;
     if (ph == "check_topk") region(L.index_report, false, true);
-    if (ph == "delta") region(L.delta, false, false), region(L.lse_n, false, false);
+    if (ph == "delta") region(L.delta, false, false, kSumBar), region(L.lse_n, false, false, kSumBar);
     if (fused_delta)  // this token chunk's rows
       for (const Region* r : {&L.delta, &L.lse_n}) {
         const size_t off = size_t(t0) * c.H * 4, bytes = size_t(nt) * c.H * 4;
-        compare_region(r->name, false, false, after.ws.data() + r->offset + off, hw + host_of(*r).offset + off, bytes);
+        compare_region(r->name, false, false, after.ws.data() + r->offset + off, hw + host_of(*r).offset + off, bytes,
+                       kSumBar);
       }
     if (ph == "dq") {
       region(L.ds, true, false), region(L.pm, true, false), region(L.dq_acc, false, false);  // (no ds, pm: fused)
@@ -223,7 +228,7 @@ void check_phases(const Case& c, uint64_t seed) {
     }
     if (ph == "d_sink")
       compare_region("d_sink", false, false, reinterpret_cast<const unsigned char*>(after.d_sink.data()),
-                     reinterpret_cast<const unsigned char*>(h.tensors().d_sink), size_t(c.H) * 4);
+                     reinterpret_cast<const unsigned char*>(h.tensors().d_sink), size_t(c.H) * 4, kSumBar);
   }
 }
 
