@@ -36,12 +36,15 @@ namespace {
 
 void validate_problem(const Problem& p) {
   constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
+  // A size below 1 is not a shape at all (InvalidArgument); a positive one past what the kernels take (their int32
+  // ids, their head counts and top-k lengths, D 512) is Unsupported (README).
+  if (p.head_dim < 1) bad("head_dim", std::to_string(p.head_dim), "512 (DSv4 sparse MLA)");
   if (p.head_dim != 512) bad("head_dim", std::to_string(p.head_dim), "512 (DSv4 sparse MLA)", Status::Unsupported);
   if (p.T < 1) bad("T", std::to_string(p.T), "at least 1");
-  if (p.T > kMaxI32) bad("T", std::to_string(p.T), "below 2^31 (int32 token ids)");
+  if (p.T > kMaxI32) bad("T", std::to_string(p.T), "below 2^31 (int32 token ids)", Status::Unsupported);
   if (p.num_kv < 1) bad("num_kv", std::to_string(p.num_kv), "at least 1");
-  if (p.num_kv >= kMaxI32) bad("num_kv", std::to_string(p.num_kv), "below 2^31 - 1 (int32 indices)");
-  // H and topk below 1 are not shapes at all (InvalidArgument); positive ones without kernels are Unsupported.
+  if (p.num_kv >= kMaxI32)
+    bad("num_kv", std::to_string(p.num_kv), "below 2^31 - 1 (int32 indices)", Status::Unsupported);
   if (p.H < 1) bad("H", std::to_string(p.H), "at least 1 (one of 16, 32, 64, 128)");
   else if (!(p.H == 16 || p.H == 32 || p.H == 64 || p.H == 128))
     bad("H", std::to_string(p.H), "one of 16, 32, 64, 128", Status::Unsupported);
@@ -54,7 +57,8 @@ void validate_problem(const Problem& p) {
                         : std::string()),
         Status::Unsupported);
   if (p.topk > 8192) bad("topk", std::to_string(p.topk), "at most 8192", Status::Unsupported);
-  if (p.T * p.topk > kMaxI32) bad("T * topk", std::to_string(p.T * p.topk), "below 2^31 (int32 slot ids)");
+  if (p.T * p.topk > kMaxI32)
+    bad("T * topk", std::to_string(p.T * p.topk), "below 2^31 (int32 slot ids)", Status::Unsupported);
   if (p.r_chunk != 0 && !r_chunk_ok(p.r_chunk, p.topk))
     bad("r_chunk", std::to_string(p.r_chunk), "0 (planner's choice) or " + r_chunk_expected(p.topk));
   if (p.t_chunk != 0 && (p.t_chunk < 1 || p.t_chunk > p.T))

@@ -64,12 +64,20 @@ TEST(Planner, ValidatesEveryField) {
     p = seed_problem(), p.backend = static_cast<BackendKind>(b);
     expect_rejected(p, "Problem::backend = " + std::to_string(b), Status::InvalidArgument);
   }
+  // Positive sizes past the kernels' int32 ids are shapes the library does not take: Unsupported, as README says of
+  // every positive value outside its limits (they were InvalidArgument).
   p = seed_problem(), p.T = 1 << 22, p.topk = 1024;
-  expect_rejected(p, "T * topk", Status::InvalidArgument);
+  expect_rejected(p, "T * topk", Status::Unsupported);
   // T past int32 is refused by name before T * topk is formed (2^59 * 32 wrapped to 0 and was accepted).
   for (int64_t T : {(int64_t(1) << 59), (int64_t(1) << 60) + 1, int64_t(1) << 31}) {
     p = seed_problem(), p.T = T, p.topk = 32;
-    expect_rejected(p, "Problem::T = " + std::to_string(T), Status::InvalidArgument);
+    expect_rejected(p, "Problem::T = " + std::to_string(T), Status::Unsupported);
+  }
+  p = seed_problem(), p.num_kv = (int64_t(1) << 31) - 1;
+  expect_rejected(p, "num_kv", Status::Unsupported);
+  for (int64_t d : {0, -512}) {  // no head dimension at all: an invalid argument, as the other sizes below 1
+    p = seed_problem(), p.head_dim = d;
+    expect_rejected(p, "head_dim", Status::InvalidArgument);
   }
 }
 
