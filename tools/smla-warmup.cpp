@@ -150,11 +150,12 @@ int warm(const Options& o, Request& q) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     if (o.dry_run) {
-      std::printf("%-24s %-12s %s\n", "target", "kernel", "cache entry (entry points)");
+      std::printf("%-24s %-12s %-8s %s\n", "target", "kernel", "state", "cache entry (entry points)");
       for (const auto& it : r.items) {
         std::string entries;
         for (const auto& e : it.entries) entries += (entries.empty() ? "" : " ") + e;
-        std::printf("%-24s %-12s %s (%s)\n", it.target.c_str(), it.kernel.c_str(), it.entry.c_str(), entries.c_str());
+        std::printf("%-24s %-12s %-8s %s (%s)\n", it.target.c_str(), it.kernel.c_str(), state_name(it.state),
+                    it.entry.c_str(), entries.c_str());
       }
     }
     for (const auto& it : r.items)
