@@ -182,7 +182,13 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     std::string dst = Root{s_.dir}.entry(name);
     int rc = ::rename(stage.c_str(), dst.c_str());
     int e = rc == 0 ? 0 : errno;
-    if (rc != 0 && (e == EEXIST || e == ENOTEMPTY) && !load_entry(dst, digest).ok) {
+    const Loaded local = rc != 0 && (e == EEXIST || e == ENOTEMPTY) ? load_entry(dst, digest) : Loaded{true};
+    if (local.unavailable) {  // no verdict on the local copy (EMFILE, EIO, EACCES): it stays, the import skips it
+      fs::remove_all(stage, ec);
+      r.rejected.push_back(name + ": the local copy cannot be read (" + local.problem + "); left in place");
+      continue;
+    }
+    if (!local.ok) {
       // A corrupt local copy gives way to the verified one, if we may remove it.
       if (!remove_entry(Root{s_.dir}, name, &err)) {
         fs::remove_all(stage, ec);
@@ -193,6 +199,7 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
       e = rc == 0 ? 0 : errno;
     }
     if (rc == 0) {
+      fsync_dir(Root{s_.dir}.entries());  // the rename itself durable, as a publish makes it
       touch(dst);
       ++r.done;
     } else {

@@ -34,7 +34,7 @@ struct DiskCache::Impl {
   bool system_on = false;
   std::string lock_prefix;  // empty: no cross-process lock
   std::atomic<int64_t> compiles{0}, disk_hits{0}, system_hits{0}, memory_hits{0},
-      corrupt_replaced{0}, corrupt_kept{0}, publish_failures{0};
+      corrupt_replaced{0}, corrupt_kept{0}, unreadable{0}, publish_failures{0};
   std::atomic<bool> warned_publish{false}, warned_remove{false};
   // The LRU bound without a rescan per publish (that made N publishes O(N^2)): bytes of the
   // last scan plus what this process published since. Other processes' publishes are missed
@@ -278,6 +278,7 @@ Stats DiskCache::stats() const {
   st.memory_hits = I.memory_hits;
   st.corrupt_replaced = I.corrupt_replaced;
   st.corrupt_kept = I.corrupt_kept;
+  st.unreadable = I.unreadable;
   st.publish_failures = I.publish_failures;
   return st;
 }
@@ -308,6 +309,15 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   auto try_root = [&](const Root& r, bool owned, Fetched* out) {
     Loaded L = load_entry(r.entry(name), k.digest);
     if (L.missing) return false;
+    if (L.unavailable) {
+      // Not read, for a reason outside the entry (too many open files, an I/O error, no permission): no verdict on
+      // it, so it stays for the processes that can read it; this one compiles and keeps the binary in memory (a
+      // publish would lose to the entry in place).
+      if (owned) ++I.unreadable, stuck = true, stuck_err = L.problem;
+      log().warn("smla-cache [{}]: cannot read cache entry {}: {}; leaving it in place, compiling into memory", k.tag,
+                 r.entry(name), L.problem);
+      return false;
+    }
     std::string problem;
     if (!L.ok) {
       problem = "corrupt cache entry " + r.entry(name) + ": " + L.problem;
@@ -384,7 +394,7 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   if (writable_ && c.binary.empty()) {
     err = "the compiler returned an empty binary";
   } else if (writable_ && stuck) {
-    err = "a bad entry of this key cannot be replaced: " + stuck_err;
+    err = "the entry of this key in place cannot be replaced: " + stuck_err;
   } else if (writable_) {
     bool lost = false;
     int64_t added = 0;

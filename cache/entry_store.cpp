@@ -94,23 +94,45 @@ bool write_file(const std::string& path, const void* data, size_t n, bool inject
 }
 
 bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
-               bool* missing) {
+               bool* missing, bool* unavailable) {
   if (missing) *missing = false;
+  if (unavailable) *unavailable = false;
   out->clear();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // What the path itself is wrong with (absent, a symlink, not a file) is a verdict on the entry; any other failure
+  // (EMFILE, ENFILE, ENOMEM, EIO, ESTALE, EACCES, ...) is this process's or the file system's, not the entry's.
+  auto outside = [&](int e) {
+    if (unavailable) *unavailable = !(e == ENOENT || e == ELOOP || e == EISDIR || e == ENOTDIR || e == ENXIO);
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
-    if (missing) *missing = errno == ENOENT;
-    *err = "cannot open " + path + ": " + errno_text(errno);
+    const int e = errno;
+    if (missing) *missing = e == ENOENT;
+    outside(e);
+    *err = "cannot open " + path + ": " + errno_text(e);
     return false;
   }
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out->reserve(size_t(st.st_size));
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    outside(e);
+    *err = "cannot stat " + path + ": " + errno_text(e);
+    ::close(fd);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {  // a FIFO would block the lookup (and its key's mutex) for good; a device never ends
+    *err = path + " is not a regular file";
+    ::close(fd);
+    return false;
+  }
+  if (st.st_size > 0) out->reserve(size_t(st.st_size));
   char buf[1 << 16];
   for (;;) {
     ssize_t r = ::read(fd, buf, sizeof buf);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      *err = "cannot read " + path + ": " + errno_text(errno);
+      const int e = errno;
+      outside(e);
+      *err = "cannot read " + path + ": " + errno_text(e);
       ::close(fd);
       return false;
     }
@@ -333,7 +355,7 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
   bool missing = false;
   std::error_code ec;
   auto gone = [&] { return !fs::exists(dir, ec); };
-  if (!read_file(dir + "/" + kManifest, &bytes, &err, &missing)) {
+  if (!read_file(dir + "/" + kManifest, &bytes, &err, &missing, &L.unavailable)) {
     // No directory at all is a miss; a directory without a manifest was never published whole.
     L.missing = missing && gone();
     L.problem = L.missing ? "missing" : "unreadable manifest (" + err + ")";
@@ -364,7 +386,7 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       return L;
     }
     std::vector<uint8_t> src;
-    if (!read_file(dir + "/" + kSource, &src, &err, &missing)) {
+    if (!read_file(dir + "/" + kSource, &src, &err, &missing, &L.unavailable)) {
       L.missing = missing && gone();
       L.problem = L.missing ? "missing" : "unreadable source (" + err + ")";
       return L;
@@ -373,7 +395,7 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       L.problem = "source does not match its manifest";
       return L;
     }
-    if (!read_file(dir + "/" + kBinary, &L.binary, &err, &missing)) {
+    if (!read_file(dir + "/" + kBinary, &L.binary, &err, &missing, &L.unavailable)) {
       L.missing = missing && gone();
       L.problem = L.missing ? "missing" : "unreadable binary (" + err + ")";
       return L;

@@ -40,9 +40,12 @@ bool valid_entry_name(const std::string& name, std::string* digest = nullptr);
 /// Writes and fsyncs a new file (O_EXCL). `inject_failure` simulates a full disk (test hook).
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
                 std::string* err);
-/// Reads a whole file; `*missing` is set when it does not exist.
+/// Reads a whole regular file (a symlink, FIFO or device in its place is an error: never followed, opened without
+/// blocking). `*missing` is set when it does not exist; `*unavailable` when it could not be read for a reason that says
+/// nothing about what the cache holds (too many open files, an I/O or network file system error, no permission):
+/// such an entry is neither served nor deleted.
 bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
-               bool* missing = nullptr);
+               bool* missing = nullptr, bool* unavailable = nullptr);
 bool fsync_dir(const std::string& path);
 
 /// Sets a path's mtime to "now", strictly increasing within this process so LRU order is exact.
@@ -101,6 +104,7 @@ const char* network_fs_of(const std::string& path);
 struct Loaded {
   bool ok = false;
   bool missing = false;
+  bool unavailable = false;  ///< not read, for a reason outside the entry (read_file): not a verdict on it
   std::string problem;
   std::vector<uint8_t> binary;
   nlohmann::json manifest;

@@ -96,6 +96,8 @@ struct Stats {
   int64_t corrupt_replaced = 0;  ///< entries that failed verification or were refused, deleted
   int64_t corrupt_kept = 0;      ///< such entries that could not be deleted (read-only cache, or
                                  ///< not writable by us): skipped, recompiled into memory
+  int64_t unreadable = 0;        ///< user-cache entries that could not be read at all (EMFILE, EIO, EACCES...):
+                                 ///< left in place, not counted as corrupt; recompiled into memory
   int64_t publish_failures = 0;  ///< publishes that failed (disk full, unwritable): kept in memory
   int64_t memory_hits = 0;       ///< hits on binaries kept in memory (disk disabled/unwritable/full)
 };

@@ -2,6 +2,11 @@
 // logged with the key's tag, deleted and replaced by a fresh compile, and never served again.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "test_util.hpp"
 
 namespace smla::cache::test {
@@ -117,6 +122,70 @@ TEST(CorruptionReadOnly, SkippedNotServed) {
   EXPECT_EQ(log.count("corrupt cache entry"), 1) << log.text();
   EXPECT_EQ(log.count("delet"), 0) << log.text();
   EXPECT_EQ(log.count("keeping it"), 1) << log.text();
+}
+
+
+// A manifest that cannot be opened for a reason outside the entry (here: this process is out of file descriptors, as
+// a training job at its ulimit is) says nothing about the entry: it is left for the processes that can read it, and
+// this one compiles into memory. It used to be "unreadable manifest": deleted, for every rank of the job.
+TEST(EntryAccess, TooManyOpenFilesLeavesAGoodEntryInPlace) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  const std::string entry = t / ("cache/entries/" + make_key(f).entry_name());
+  ASSERT_TRUE(fs::exists(entry + "/manifest.json"));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DiskCache b(settings_for(t));
+    while (::open("/dev/null", O_RDONLY) >= 0) {
+    }
+    if (errno != EMFILE) ::_exit(10);
+    FakeCompiler cc;
+    const Fetched r = b.get_or_compile(f, cc.fn(f));
+    int code = 0;
+    if (r.origin != Origin::Compiled || r.binary != payload(f)) code |= 1;
+    if (b.stats().unreadable != 1) code |= 2;
+    if (b.stats().corrupt_replaced != 0 || b.stats().corrupt_kept != 0) code |= 4;
+    if (b.get_or_compile(f, cc.fn(f)).origin != Origin::Memory) code |= 8;
+    if (!fs::exists(entry + "/manifest.json")) code |= 16;
+    ::_exit(code);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: not compiled or wrong binary, 2: not counted unreadable, 4: counted corrupt, "
+                                   "8: not kept in memory, 16: the entry was deleted, 10: no EMFILE";
+  DiskCache d(settings_for(t));
+  c.calls = 0;
+  EXPECT_EQ(d.get_or_compile(f, c.fn(f)).origin, Origin::Disk) << "the good entry is still served";
+  EXPECT_EQ(c.calls, 0);
+}
+
+// A FIFO (or a device) in an entry's place of a file is a damaged entry: named by verify, deleted and recompiled; the
+// lookup does not block on it (it used to wait for a writer for ever, holding the key's mutex).
+TEST(EntryAccess, AFifoInAnEntryNeitherBlocksNorIsServed) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  const std::string name = make_key(f).entry_name(), entry = t / ("cache/entries/" + name);
+  for (const char* file : {"manifest.json", "kernel.bin"}) {
+    SCOPED_TRACE(file);
+    if (!fs::exists(entry + "/manifest.json")) DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+    fs::remove(entry + "/" + file);
+    ASSERT_EQ(::mkfifo((entry + "/" + file).c_str(), 0644), 0);
+    auto [rc, out] = run_cmd("timeout 20 " + std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "cache") + " verify");
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("BAD " + name), std::string::npos) << out;
+    DiskCache b(settings_for(t));
+    c.calls = 0;
+    const Fetched r = b.get_or_compile(f, c.fn(f));
+    EXPECT_EQ(r.origin, Origin::Compiled);
+    EXPECT_EQ(r.binary, payload(f));
+    EXPECT_EQ(b.stats().corrupt_replaced, 1);
+  }
 }
 
 }  // namespace smla::cache::test
