@@ -440,11 +440,13 @@ std::vector<EntryInfo> DiskCache::list() const {
     std::string err;
     if (read_file(impl_->user.entry(s.name) + "/" + kManifest, &m, &err)) {
       auto j = nlohmann::json::parse(m.begin(), m.end(), nullptr, false);
-      if (j.is_object()) {
-        e.tag = j.value("tag", "");
-        e.target = j.value("target", "");
-        e.compiler_id = j.value("compiler_id", "");
-      }
+      // For the listing only (verify judges the entry): a field of another type reads as empty (json::value threw
+      // on it, and the tool's list, verify and export aborted on one damaged manifest).
+      auto text = [&j](const char* k) {
+        const auto it = j.find(k);
+        return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+      };
+      if (j.is_object()) e.tag = text("tag"), e.target = text("target"), e.compiler_id = text("compiler_id");
     }
     v.push_back(std::move(e));
   }

@@ -2,6 +2,7 @@
 // logged with the key's tag, deleted and replaced by a fresh compile, and never served again.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -185,6 +186,30 @@ TEST(EntryAccess, AFifoInAnEntryNeitherBlocksNorIsServed) {
     EXPECT_EQ(r.origin, Origin::Compiled);
     EXPECT_EQ(r.binary, payload(f));
     EXPECT_EQ(b.stats().corrupt_replaced, 1);
+  }
+}
+
+
+// A manifest whose readable fields have the wrong type: the tool lists and verifies (BAD) instead of aborting.
+TEST(EntryAccess, AManifestFieldOfTheWrongTypeIsReportedNotFatal) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  const std::string name = make_key(f).entry_name(), m = t / ("cache/entries/" + name + "/manifest.json");
+  std::string text = slurp(m);
+  for (const char* k : {"\"tag\": \"", "\"target\": \"", "\"compiler_id\": \""}) {
+    const size_t at = text.find(k);
+    ASSERT_NE(at, std::string::npos) << k << text;
+    const size_t end = text.find('"', at + std::strlen(k));
+    text.replace(at + std::strlen(k) - 1, end - (at + std::strlen(k)) + 2, "5");
+  }
+  std::ofstream(m, std::ios::trunc) << text;
+  for (const char* cmd : {" list", " verify"}) {
+    auto [rc, out] = run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "cache") + cmd + " 2>&1");
+    EXPECT_EQ(rc, std::string(cmd) == " list" ? 0 : 1) << cmd << ": " << out;
+    EXPECT_NE(out.find(name), std::string::npos) << cmd << ": " << out;
+    EXPECT_EQ(out.find("terminate"), std::string::npos) << cmd << ": " << out;
   }
 }
 
