@@ -82,7 +82,7 @@ struct DiskCache::Impl {
   void removal_failed(const std::string& err) {
     if (!warned_remove.exchange(true))
       log().warn("smla-cache: {}; entries of another user are not writable by this one (a shared "
-                 "cache needs umask 002 and a setgid group directory); keeping them", err);
+                 "cache needs umask 002 and a setgid group directory); keeping them, outside SMLA_CACHE_MAX_BYTES", err);
     else
       log().debug("smla-cache: {}", err);
   }

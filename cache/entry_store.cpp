@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -249,7 +250,10 @@ const std::string& host_name() {
 std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
 
 bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s) {
-  bool stale = age_ns / 1000000000LL >= stale_s && age_ns > 0;  // (no stale_s x 1e9: it overflowed past ~292 years)
+  // (no stale_s x 1e9: it overflowed past ~292 years). A date as far ahead of now is a clock that ran ahead (a skewed
+  // node's, or a file server's): stale too, else it would never age here.
+  const int64_t age_s = age_ns / 1000000000LL;
+  bool stale = age_ns > 0 ? age_s >= stale_s : -age_s >= stale_s && age_ns < 0;
   // <host>.<pid>.<rand>; the host may itself contain dots.
   size_t d2 = tail.rfind('.');
   size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : tail.rfind('.', d2 - 1);
@@ -507,9 +511,29 @@ std::vector<Scanned> scan_entries(const Root& r) {
 Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
   std::vector<Scanned> v = scan_entries(r);
   Evicted ev;
-  for (const auto& s : v) ev.total += s.bytes;
-  std::sort(v.begin(), v.end(), [](const Scanned& a, const Scanned& b) {
-    return a.mtime_ns != b.mtime_ns ? a.mtime_ns < b.mtime_ns : a.name < b.name;
+  // An entry this process may not remove (another member's made without group write, root's: moving a directory
+  // aside takes write permission on it and on entries/) is left out of the bound, which can only be kept over what
+  // this process may remove: counted, every removable entry would go at every publish while the others' alone
+  // exceeded the bound, the cache as good as off for this user.
+  const bool dir_writable = ::faccessat(AT_FDCWD, r.entries().c_str(), W_OK, AT_EACCESS) == 0;
+  std::vector<Scanned> mine;
+  std::vector<std::string> pinned;
+  for (auto& s : v) {
+    if (s.name == keep || (dir_writable && ::faccessat(AT_FDCWD, r.entry(s.name).c_str(), W_OK, AT_EACCESS) == 0)) {
+      ev.total += s.bytes;
+      mine.push_back(std::move(s));
+    } else {
+      ev.pinned += s.bytes;
+      pinned.push_back(s.name);
+    }
+  }
+  v = std::move(mine);
+  // Recency by mtime, which each client stamps with its own clock: one dated past now + kFutureSlackS ran ahead (a
+  // node's skewed clock), and would otherwise stay the most recent for ever; it sorts as the oldest instead.
+  const int64_t future = realtime_ns() + kFutureSlackS * 1000000000LL;
+  auto recency = [future](const Scanned& s) { return s.mtime_ns > future ? std::numeric_limits<int64_t>::min() : s.mtime_ns; };
+  std::sort(v.begin(), v.end(), [&](const Scanned& a, const Scanned& b) {
+    return recency(a) != recency(b) ? recency(a) < recency(b) : a.name < b.name;
   });
   for (const auto& s : v) {
     if (ev.total <= max_bytes) break;
@@ -517,11 +541,16 @@ Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
     std::string err;
     if (!remove_entry(r, s.name, &err)) {
       ev.failed.push_back(err);
-      continue;  // still there: it still counts, try the next one
+      ev.total -= s.bytes;  // (as the entries it knew it could not remove)
+      ev.pinned += s.bytes;
+      continue;
     }
     ev.total -= s.bytes;
     ev.removed.push_back(s.name);
   }
+  // Said only where they keep the directory over the bound (a prune to 0 names each).
+  if (ev.total + ev.pinned > max_bytes)
+    for (const auto& n : pinned) ev.failed.push_back("cannot remove " + r.entry(n) + ": not writable by this user");
   return ev;
 }
 

@@ -19,7 +19,8 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kBinary = "kernel.bin";
 constexpr const char* kSource = "source.txt";
 
-/// The logger named "smla" if the runtime registered one, else spdlog's default logger.
+/// The logger named "smla": the one a host program or the runtime registered, else one made here (stderr, at
+/// SMLA_LOG_LEVEL, default warn; cache/logger.cpp).
 spdlog::logger& log();
 
 /// XXH3-128 of bytes, 32 lowercase hex chars.
@@ -131,9 +132,12 @@ std::vector<Scanned> scan_entries(const Root& r);
 struct Evicted {
   std::vector<std::string> removed;  ///< names
   std::vector<std::string> failed;   ///< why, for each entry that could not be removed
-  int64_t total = 0;                 ///< bytes of the entries left
+  int64_t total = 0;                 ///< bytes of the entries left, less `pinned`
+  int64_t pinned = 0;                ///< bytes of entries it tried and could not remove (not counted in `total`)
 };
-/// Evicts least recently used entries until the total is <= max_bytes, never `keep`.
+/// Evicts least recently used entries until the total is <= max_bytes, never `keep`. Entries it cannot remove are
+/// left out of the total; an entry dated more than kFutureSlackS ahead of now counts as the least recently used.
+constexpr int64_t kFutureSlackS = 300;
 Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep);
 
 }  // namespace smla::cache::detail

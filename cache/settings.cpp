@@ -94,7 +94,8 @@ Settings settings_from_env() {
   if (const char* d = env("SMLA_CACHE_LOCK_DIR")) s.lock_dir = d;
   read_number("SMLA_CACHE_LOCK_TIMEOUT_S", 0, &s.lock_timeout_s);
   double stale = double(s.stale_staging_s);
-  read_number("SMLA_CACHE_STALE_S", 0, &stale);
+  // Under a minute it would take another process's publish in flight for left over (0 did): refused, with a warning.
+  read_number("SMLA_CACHE_STALE_S", 60, &stale);
   // Past ~31 years means never (and stays well inside int64 nanoseconds: 99999999999999999999 became a negative
   // age limit, which removed every other process's staging at once).
   s.stale_staging_s = int64_t(std::min(stale, 1e9));

@@ -4,8 +4,8 @@
 
 namespace smla::hip::detail {
 
-/// Logs `msg` as a warning through the "smla" logger (stderr, SMLA_LOG_LEVEL) when a Runtime
-/// registered it, else through spdlog's default logger, as the disk cache does.
+/// Logs `msg` as a warning through the "smla" logger, as the disk cache does (cache::logger(): the registered one,
+/// else one it makes on stderr at SMLA_LOG_LEVEL).
 void warn(const std::string& msg);
 
 /// warn(msg), once per process for each distinct message.

@@ -179,6 +179,36 @@ TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
   EXPECT_EQ(get(1), Origin::Compiled) << "k1 was evicted";
 }
 
+// A node whose clock ran ahead dates its entries in the future: such an entry sorts as the least recently used (it
+// stayed the most recent for ever, and the entries really used went first).
+TEST(DiskCache, EvictionTakesAnEntryDatedInTheFutureFirst) {
+  TempDir t;
+  FakeCompiler c;
+  int64_t one;
+  {
+    DiskCache probe(settings_for(t, "probe"));
+    KeyFields f = fields("k0");
+    probe.get_or_compile(f, c.fn(f));
+    one = total_bytes(probe);
+  }
+  Settings s = settings_for(t);
+  s.max_bytes = 3 * one + one / 2;
+  DiskCache cache(s);
+  auto get = [&](int i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    return cache.get_or_compile(f, c.fn(f)).origin;
+  };
+  for (int i = 0; i < 3; ++i) get(i);
+  const std::string k0 = t / ("cache/entries/" + make_key(fields("k0")).entry_name());
+  const time_t ahead = ::time(nullptr) + 365 * 24 * 3600;
+  timespec ts[2] = {{ahead, 0}, {ahead, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, k0.c_str(), ts, 0), 0);
+  get(3);
+  std::vector<std::string> names;
+  for (const auto& e : cache.list()) names.push_back(e.tag.substr(0, 2));
+  EXPECT_EQ(names, (std::vector<std::string>{"k1", "k2", "k3"})) << "k0, dated a year ahead, goes first";
+}
+
 // Under a bound, each publish used to rescan and stat every entry: N publishes cost O(N^2)
 // (4000 entries: 154 s against 8 s unbounded). Now a bound that is not reached costs about one
 // scan, and a bound that is reached still holds after every publish.

@@ -183,4 +183,55 @@ TEST(SharedCache, EntryNotWritableByUsIsKeptAndSaidSo) {
   EXPECT_EQ(slurp(e + "/kernel.bin"), "garbage") << "alice's entry is still there";
 }
 
+// Another member's entries that this user cannot remove are left out of SMLA_CACHE_MAX_BYTES: counted, they alone
+// exceeded the bound and every publish evicted every one of this user's entries but the newest (the cache was as
+// good as off for it, and rescanned at every publish).
+TEST(SharedCache, OthersEntriesWeCannotRemoveDoNotEvictOurs) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as a second user";
+  const uid_t alice = 54331, bob = 54332;
+  const gid_t group = 54330;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0777), 0);
+  Settings s;
+  s.dir = t / "cache";
+  s.lock = false;
+  s.max_bytes = 0;
+  EXPECT_EQ(run_as(alice, group, [&] {
+              ::umask(022);  // alice does not share her entries
+              DiskCache a(s);
+              FakeCompiler c;
+              for (int i = 0; i < 8; ++i) {
+                KeyFields f = fields("a" + std::to_string(i));
+                a.get_or_compile(f, c.fn(f));
+              }
+              ::chmod((t / "cache/entries").c_str(), 0777);
+              ::chmod((t / "cache/.staging").c_str(), 0777);
+              return std::string();
+            }), "");
+  int64_t one = 0;
+  for (const auto& e : DiskCache(s).list()) one = std::max(one, e.bytes);
+  ASSERT_GT(one, 0);
+  EXPECT_EQ(run_as(bob, group, [&] {
+              std::string r;
+              Settings sb = s;
+              sb.max_bytes = 3 * one + one / 2;  // alice's 8 entries alone are over it
+              DiskCache b(sb);
+              FakeCompiler c;
+              for (int i = 0; i < 4; ++i) {
+                KeyFields f = fields("b" + std::to_string(i));
+                b.get_or_compile(f, c.fn(f));
+              }
+              int ours = 0, alices = 0;
+              for (const auto& e : b.list()) (e.tag[0] == 'b' ? ours : alices)++;
+              if (ours != 3) r += "bob has " + std::to_string(ours) + " entries, not his newest 3; ";
+              if (alices != 8) r += "alice's entries: " + std::to_string(alices) + "; ";
+              c.calls = 0;
+              for (int i = 1; i < 4; ++i) {
+                KeyFields f = fields("b" + std::to_string(i));
+                if (DiskCache(sb).get_or_compile(f, c.fn(f)).origin != Origin::Disk) r += "b" + std::to_string(i) + " not a hit; ";
+              }
+              return r;
+            }), "");
+}
+
 }  // namespace smla::cache::test
