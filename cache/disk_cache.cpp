@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -108,6 +109,25 @@ struct DiskCache::Impl {
     for (const auto& why : ev.failed) removal_failed(why);
     P.approx_bytes = ev.total;
     P.publishes_since_scan = 0;
+  }
+
+  // No space to publish: evicts the least recently used half of what this user may remove (the approximate size
+  // follows). Returns the bytes left, or 0 when nothing could go (nothing of ours to evict: no retry).
+  int64_t make_room() {
+    ProcState& P = proc();
+    std::lock_guard<std::mutex> g(P.evict_mu);
+    const int64_t ours = evict(user, std::numeric_limits<int64_t>::max(), "").total;  // what we may remove: a scan
+    Evicted ev = evict(user, ours / 2, "");
+    std::vector<std::string> digests;
+    for (const auto& gone : ev.removed) {
+      log().info("smla-cache: evicted {} (no space left to publish)", gone);
+      std::string d;
+      if (valid_entry_name(gone, &d)) digests.push_back(d);
+    }
+    remove_locks(digests);
+    P.approx_bytes = ev.total;
+    P.publishes_since_scan = 0;
+    return ev.removed.empty() ? 0 : std::max<int64_t>(ev.total, 1);
   }
 
   // Lock files of keys without an entry are removed when nobody holds them (LockFile::
@@ -396,10 +416,22 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
   } else if (writable_ && stuck) {
     err = "the entry of this key in place cannot be replaced: " + stuck_err;
   } else if (writable_) {
-    bool lost = false;
+    bool lost = false, no_space = false;
     int64_t added = 0;
-    published = publish_entry(I.user, name, make_manifest(f, k, c), f.source, c.binary, s_, &lost,
-                              &added, &err);
+    const nlohmann::json manifest = make_manifest(f, k, c);
+    published = publish_entry(I.user, name, manifest, f.source, c.binary, s_, &lost, &added, &err, &no_space);
+    if (!published && no_space && s_.max_bytes > 0) {
+      // The file system (or the quota) filled before SMLA_CACHE_MAX_BYTES did: without this the cache took no new
+      // kernel again, every process recompiling them, while the old entries stayed. The least recently used half of
+      // what this user may remove goes, once, and the publish is tried again.
+      const int64_t had = I.make_room();
+      if (had > 0) {
+        log().info("smla-cache [{}]: no space to publish ({}); evicted down to {} bytes, trying again", k.tag, err,
+                   had);
+        err.clear();
+        published = publish_entry(I.user, name, manifest, f.source, c.binary, s_, &lost, &added, &err, &no_space);
+      }
+    }
     if (published && !lost && s_.max_bytes > 0) I.bound_size(s_.max_bytes, name, added);
   }
   std::string not_stored;

@@ -66,11 +66,12 @@ int64_t num(const nlohmann::json& j, const char* k) {
 }  // namespace
 
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
-                std::string* err) {
+                std::string* err, int* err_no) {
   // 0666 and the umask decide: under umask 002 a group cache stays writable by the group, so
   // another member can replace or evict this entry.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
+    if (err_no) *err_no = errno;
     *err = "cannot create " + path + ": " + errno_text(errno);
     return false;
   }
@@ -91,6 +92,7 @@ bool write_file(const std::string& path, const void* data, size_t n, bool inject
   if (!e && ::fsync(fd) != 0) e = errno;
   if (::close(fd) != 0 && !e) e = errno;
   if (e) *err = "cannot write " + path + ": " + errno_text(e);
+  if (e && err_no) *err_no = e;
   return e == 0;
 }
 
@@ -170,11 +172,12 @@ void touch(const std::string& path) {
   if (errno == EPERM) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
 }
 
-std::string make_staging(const Root& r, const char* kind, std::string* err) {
+std::string make_staging(const Root& r, const char* kind, std::string* err, int* err_no) {
   std::error_code ec;
   fs::create_directories(r.staging(), ec);
   std::string p = r.staging() + "/" + kind + "." + owner_tag();
   if (::mkdir(p.c_str(), 0777) != 0) {  // the umask decides, as for files (write_file)
+    if (err_no) *err_no = errno;
     *err = "cannot create " + p + ": " + errno_text(errno);
     return "";
   }
@@ -450,25 +453,38 @@ nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutp
 
 bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
                    const std::string& source, const std::vector<uint8_t>& binary,
-                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err) {
+                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err, bool* no_space) {
   *lost_race = false;
   *bytes = 0;
-  std::string stage = make_staging(r, "stage", err);
-  if (stage.empty()) return false;
+  int e_no = 0;
+  auto space = [&] {
+    if (no_space) *no_space = e_no == ENOSPC || e_no == EDQUOT;
+  };
+  space();
+  std::string stage = make_staging(r, "stage", err, &e_no);
+  if (stage.empty()) return space(), false;
   auto fail = [&] {
     std::error_code ec;
     fs::remove_all(stage, ec);
+    space();
     return false;
   };
   // Compiler logs may hold bytes that are not UTF-8: replace them rather than throw.
   std::string m = manifest.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (!write_file(stage + "/" + kSource, source.data(), source.size(), s.test_fail_writes, err) ||
-      !write_file(stage + "/" + kBinary, binary.data(), binary.size(), s.test_fail_writes, err))
+  // Test hook: a file system of test_capacity_bytes that this cache's entries alone fill.
+  bool full = s.test_fail_writes;
+  if (s.test_capacity_bytes > 0) {
+    int64_t used = 0;
+    for (const auto& e : scan_entries(r)) used += e.bytes;
+    full = full || used + int64_t(source.size() + binary.size() + m.size()) > s.test_capacity_bytes;
+  }
+  if (!write_file(stage + "/" + kSource, source.data(), source.size(), full, err, &e_no) ||
+      !write_file(stage + "/" + kBinary, binary.data(), binary.size(), full, err, &e_no))
     return fail();
   if (s.test_publish_delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(s.test_publish_delay_ms));
   // The manifest goes last: a staged dir without one is visibly incomplete.
-  if (!write_file(stage + "/" + kManifest, m.data(), m.size(), s.test_fail_writes, err)) return fail();
+  if (!write_file(stage + "/" + kManifest, m.data(), m.size(), full, err, &e_no)) return fail();
   fsync_dir(stage);
   std::error_code ec;
   fs::create_directories(r.entries(), ec);

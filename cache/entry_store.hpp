@@ -40,7 +40,7 @@ bool valid_entry_name(const std::string& name, std::string* digest = nullptr);
 
 /// Writes and fsyncs a new file (O_EXCL). `inject_failure` simulates a full disk (test hook).
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
-                std::string* err);
+                std::string* err, int* err_no = nullptr);
 /// Reads a whole regular file (a symlink, FIFO or device in its place is an error: never followed, opened without
 /// blocking). `*missing` is set when it does not exist; `*unavailable` when it could not be read for a reason that says
 /// nothing about what the cache holds (too many open files, an I/O or network file system error, no permission):
@@ -60,7 +60,7 @@ struct Root {
 };
 
 /// A fresh directory .staging/<kind>.<host>.<pid>.<rand>; empty string (and *err) on failure.
-std::string make_staging(const Root& r, const char* kind, std::string* err);
+std::string make_staging(const Root& r, const char* kind, std::string* err, int* err_no = nullptr);
 /// The writability probe: a fresh staging dir renamed into entries/ and removed, as a publish
 /// does. False and *err when that fails: e.g. entries/ linked to another filesystem than .staging/
 /// (EXDEV), where every publish would fail.
@@ -118,10 +118,11 @@ nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutp
 
 /// Stages source, binary and manifest, fsyncs them and the directory, renames into place.
 /// Another process winning the rename counts as success (`*lost_race` set). `*bytes`: the size
-/// of the entry this call added (0 if it lost the race).
+/// of the entry this call added (0 if it lost the race). `*no_space`: it failed for want of space (ENOSPC, EDQUOT).
 bool publish_entry(const Root& r, const std::string& name, const nlohmann::json& manifest,
                    const std::string& source, const std::vector<uint8_t>& binary,
-                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err);
+                   const Settings& s, bool* lost_race, int64_t* bytes, std::string* err,
+                   bool* no_space = nullptr);
 
 struct Scanned {
   std::string name;

@@ -64,6 +64,7 @@ struct Settings {
                                    ///< and it is older than 10 minutes)
   // Test-only hooks (CI fault injection; never set them in production).
   bool test_fail_writes = false;   ///< SMLA_CACHE_TEST_FAIL_WRITES=1: data writes fail with ENOSPC
+  int64_t test_capacity_bytes = 0; ///< test hook: a publish past this many bytes of entries fails with ENOSPC
   int test_publish_delay_ms = 0;   ///< SMLA_CACHE_TEST_PUBLISH_DELAY_MS: sleep mid-publish, after
                                    ///< the binary is staged and before the manifest is written
 };

@@ -1,6 +1,8 @@
 // Degraded modes: whatever is wrong with the cache directory, get_or_compile still returns the
 // right binary (from memory when the disk is unusable), warns, and never throws.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <sys/stat.h>
 
 #include "test_util.hpp"
@@ -262,6 +264,50 @@ TEST(Degraded, FullFilesystemInjected) {
   Fetched got = cache.get_or_compile(f, c.fn(f));
   EXPECT_EQ(got.origin, Origin::Compiled);
   EXPECT_NE(got.not_stored.find("No space left"), std::string::npos) << "says why it is not on disk: " << got.not_stored;
+}
+
+
+// A file system (or quota) that fills before SMLA_CACHE_MAX_BYTES does: the least recently used half goes and the
+// publish is tried again. It took no new kernel for good (every later process recompiled them) while the oldest
+// entries stayed.
+TEST(Degraded, AFullFileSystemMakesRoomAndStillPublishes) {
+  TempDir t;
+  FakeCompiler c;
+  int64_t one = 0;
+  {
+    DiskCache probe(settings_for(t, "probe"));
+    KeyFields f = fields("k0");
+    probe.get_or_compile(f, c.fn(f));
+    for (const auto& e : probe.list()) one = e.bytes;
+  }
+  ASSERT_GT(one, 0);
+  Settings s = settings_for(t);
+  s.test_capacity_bytes = 4 * one + one / 2;  // room for four entries
+  s.max_bytes = int64_t(1) << 32;             // the default bound, far away
+  LogCapture log;
+  DiskCache cache(s);
+  for (int i = 0; i < 7; ++i) {
+    KeyFields f = fields("k" + std::to_string(i));
+    const Fetched r = cache.get_or_compile(f, c.fn(f));
+    EXPECT_TRUE(r.not_stored.empty()) << i << ": " << r.not_stored;
+  }
+  EXPECT_EQ(cache.stats().publish_failures, 0);
+  std::vector<std::string> names;
+  for (const auto& e : cache.list()) names.push_back(e.tag.substr(0, 2));
+  EXPECT_LE(names.size(), 4u);
+  EXPECT_NE(std::find(names.begin(), names.end(), "k6"), names.end()) << "the newest is on disk";
+  EXPECT_EQ(std::find(names.begin(), names.end(), "k0"), names.end()) << "the oldest made room";
+  EXPECT_GE(log.count("no space to publish"), 1) << log.text();
+  // Served from disk by a fresh process.
+  c.calls = 0;
+  EXPECT_EQ(DiskCache(s).get_or_compile(fields("k6"), c.fn(fields("k6"))).origin, Origin::Disk);
+  // SMLA_CACHE_MAX_BYTES=0 (unbounded) means never evict: the publish fails instead, as it says.
+  s.max_bytes = 0;
+  DiskCache unbounded(s);
+  const size_t before = unbounded.list().size();
+  for (int i = 7; i < 10; ++i) unbounded.get_or_compile(fields("k" + std::to_string(i)), c.fn(fields("k" + std::to_string(i))));
+  EXPECT_EQ(unbounded.list().size(), before + (s.test_capacity_bytes / one - before));
+  EXPECT_GE(unbounded.stats().publish_failures, 1);
 }
 
 }  // namespace smla::cache::test
