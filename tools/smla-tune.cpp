@@ -406,7 +406,8 @@ int main(int argc, char** argv) {
       "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked\n"
       "against the float64 reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T\n"
       "ratio), then timed at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
-      "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json; entries are keyed by device (target,\n"
+      "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json, else (no home)\n"
+      "/tmp/smla-tuning-<uid>/tuning.json while it is this user's alone; entries are keyed by device (target,\n"
       "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
       "power-of-two buckets of T and num_kv.");
   Options o;

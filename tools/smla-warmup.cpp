@@ -191,10 +191,12 @@ int main(int argc, char** argv) {
       "from gfx90a:sramecc+:xnack- into gfx90a:sramecc+:xnack+; so a plain gfx90a (gfx942, gfx950) warms\n"
       "both, and gfx90a:xnack- (or xnack+) warms only that one.\n"
       "The output directory is written whatever SMLA_CACHE_READONLY, SMLA_CACHE_DISABLE and SMLA_CACHE_MAX_BYTES\n"
-      "say (they bind the runtime; the warm-up never evicts); without --out, READONLY=1 or DISABLE=1 is an error.\n"
+      "say (they bind the runtime; the warm-up never evicts); without --out, READONLY=1 or DISABLE=1 is an error\n"
+      "(not for --dry-run, which writes nothing).\n"
       "Exit status: 0 when nothing failed, 1 when a kernel or problem failed or the warm-up could not be done (an\n"
       "output directory it cannot write), 2 on usage errors (options, --shape, --json-file, no target or an unknown\n"
-      "one, a --tuning-db that does not exist, no --out under SMLA_CACHE_READONLY=1 or SMLA_CACHE_DISABLE=1).");
+      "one, a --tuning-db that does not exist, no --out under SMLA_CACHE_READONLY=1 or SMLA_CACHE_DISABLE=1\n"
+      "without --dry-run).");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)")->check(smla::tools::non_empty_path());
@@ -205,16 +207,18 @@ int main(int argc, char** argv) {
       ->transform(smla::tools::decimal(o.jobs))
       ->check(CLI::Range(0, 4096));  // a negative count meant the default, silently
   app.add_option("--out", o.out, "cache directory to fill (default: the user cache, $SMLA_CACHE_DIR, else $XDG_CACHE_HOME/smla, else "
-                 "~/.cache/smla)")
+                 "~/.cache/smla, else (no home) /tmp/smla-cache-<uid> while it is this user's alone)")
       ->check(smla::tools::non_empty_path());
   app.add_option("--sink", o.sink, "for --shape problems: on, off or both (default both)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_flag("--check-indices", o.check_indices, "also the opt-in index check kernels (--shape problems)");
-  app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys, and which --out holds already, compiling and writing nothing");
+  app.add_flag("--dry-run", o.dry_run, "list the kernels and cache keys, and which --out holds already, compiling and writing nothing (allowed "
+               "without --out under SMLA_CACHE_READONLY=1 or SMLA_CACHE_DISABLE=1)");
   app.add_flag("--json", o.json, "print one JSON object: compiled, cached, failed, seconds (and the kernels)");
   CLI::Option* no_tuned = app.add_flag("--no-tuned", o.no_tuned, "ignore the tuning database (heuristic configs only)");
   CLI::Option* tuning_db = app.add_option("--tuning-db", o.tuning_db, "tuning database file (default $SMLA_TUNING_DB, else $XDG_CACHE_HOME/smla/tuning.json, else "
-                 "~/.cache/smla/tuning.json)")
+                 "~/.cache/smla/tuning.json, else (no home) /tmp/smla-tuning-<uid>/tuning.json while it is this user's "
+                 "alone)")
       ->check(smla::tools::non_empty_path());
   no_tuned->excludes(tuning_db);  // one of the two was ignored, silently
   SMLA_TOOL_PARSE(app, argc, argv);
