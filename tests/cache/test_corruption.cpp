@@ -189,7 +189,6 @@ TEST(EntryAccess, AFifoInAnEntryNeitherBlocksNorIsServed) {
   }
 }
 
-
 // A manifest whose readable fields have the wrong type: the tool lists and verifies (BAD) instead of aborting.
 TEST(EntryAccess, AManifestFieldOfTheWrongTypeIsReportedNotFatal) {
   TempDir t;

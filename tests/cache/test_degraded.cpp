@@ -273,13 +273,7 @@ TEST(Degraded, FullFilesystemInjected) {
 TEST(Degraded, AFullFileSystemMakesRoomAndStillPublishes) {
   TempDir t;
   FakeCompiler c;
-  int64_t one = 0;
-  {
-    DiskCache probe(settings_for(t, "probe"));
-    KeyFields f = fields("k0");
-    probe.get_or_compile(f, c.fn(f));
-    for (const auto& e : probe.list()) one = e.bytes;
-  }
+  const int64_t one = fake_entry_bytes(t);
   ASSERT_GT(one, 0);
   Settings s = settings_for(t);
   s.test_capacity_bytes = 4 * one + one / 2;  // room for four entries

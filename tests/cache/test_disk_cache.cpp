@@ -147,14 +147,7 @@ static int64_t total_bytes(DiskCache& c) {
 TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
   TempDir t;
   FakeCompiler c;
-  // Every fake entry has the same size (same-length names and payloads): measure one.
-  int64_t one;
-  {
-    DiskCache probe(settings_for(t, "probe"));
-    KeyFields f = fields("k0");
-    probe.get_or_compile(f, c.fn(f));
-    one = total_bytes(probe);
-  }
+  const int64_t one = fake_entry_bytes(t);
   Settings s = settings_for(t);
   s.max_bytes = 3 * one + one / 2;  // room for three entries
   DiskCache cache(s);
@@ -184,13 +177,7 @@ TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
 TEST(DiskCache, EvictionTakesAnEntryDatedInTheFutureFirst) {
   TempDir t;
   FakeCompiler c;
-  int64_t one;
-  {
-    DiskCache probe(settings_for(t, "probe"));
-    KeyFields f = fields("k0");
-    probe.get_or_compile(f, c.fn(f));
-    one = total_bytes(probe);
-  }
+  const int64_t one = fake_entry_bytes(t);
   Settings s = settings_for(t);
   s.max_bytes = 3 * one + one / 2;
   DiskCache cache(s);

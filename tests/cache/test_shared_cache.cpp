@@ -138,6 +138,17 @@ TEST(SharedCache, AnotherMemberReplacesRefreshesAndEvicts) {
   EXPECT_EQ(entry_names(dir), std::vector<std::string>{make_key(other).entry_name()});
 }
 
+// A cache under a directory every user may enter (a shared scratch space), without lock files (their directory
+// would be the first user's).
+Settings two_users_settings(const TempDir& t) {
+  EXPECT_EQ(::chmod(t.path.c_str(), 0777), 0);
+  Settings s;
+  s.dir = t / "cache";
+  s.lock = false;
+  s.max_bytes = 0;
+  return s;
+}
+
 // An entry that is not ours to delete: kept, said so, counted as kept, and the binary served
 // from memory (publishing would only "lose" against it).
 TEST(SharedCache, EntryNotWritableByUsIsKeptAndSaidSo) {
@@ -145,11 +156,7 @@ TEST(SharedCache, EntryNotWritableByUsIsKeptAndSaidSo) {
   const uid_t alice = 54321, bob = 54322;
   const gid_t group = 54320;
   TempDir t;
-  ASSERT_EQ(::chmod(t.path.c_str(), 0777), 0);
-  Settings s;
-  s.dir = t / "cache";
-  s.lock = false;
-  s.max_bytes = 0;
+  const Settings s = two_users_settings(t);
   KeyFields f = fields("k_bad");
   EXPECT_EQ(run_as(alice, group, [&] {
               ::umask(022);  // alice does not share
@@ -191,11 +198,7 @@ TEST(SharedCache, OthersEntriesWeCannotRemoveDoNotEvictOurs) {
   const uid_t alice = 54331, bob = 54332;
   const gid_t group = 54330;
   TempDir t;
-  ASSERT_EQ(::chmod(t.path.c_str(), 0777), 0);
-  Settings s;
-  s.dir = t / "cache";
-  s.lock = false;
-  s.max_bytes = 0;
+  const Settings s = two_users_settings(t);
   EXPECT_EQ(run_as(alice, group, [&] {
               ::umask(022);  // alice does not share her entries
               DiskCache a(s);
