@@ -270,8 +270,12 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
     const hip::RocprimSort* sort = hip::RocprimSort::get(&not_ok);
     if (!sort) SMLA_THROW(Status::NoBackend, "the AMD csr sort (libsmla_rocprim.so) is not available: " + not_ok);
     if (!sort->supports(target, &not_ok)) SMLA_THROW(Status::Unsupported, not_ok);
-    plan->shape_.csr_sort_temp_bytes = sort->temp_bytes(plan->shape_.chunk_items(), 0,
-                                                        hip::radix_bits_for(plan->shape_.num_kv));
+    // Asked with the plan's device current, as the launch sorts (rocPRIM sizes by the current device's processor):
+    // asked under another current device, the region could be smaller than what the sort is then told it owns.
+    const auto* hb = dynamic_cast<const hip::HipBackend*>(be);
+    SMLA_REQUIRE(hb, Status::Internal, "the HIP plan's backend is not the HIP backend");
+    plan->shape_.csr_sort_temp_bytes =
+        hb->sort_temp_bytes(*sort, p.device, int(plan->shape_.chunk_items()), hip::radix_bits_for(plan->shape_.num_kv));
   }
   plan->layout_ = layout_workspace(plan->shape_);
   plan->steps_ = order_steps(plan->shape_, impl_->kernels_of(kind));

@@ -151,6 +151,23 @@ TEST(HipKernelSpecs, RejectsTilesThatDoNotFit) {
   EXPECT_THROW(hip_phase_kernels(Phase::DkvInterm, s), Error);
 }
 
+// HIP refuses a launch of 2^32 work-items or more in a dimension (gridDim x blockDim): delta's 32 lanes a (t, h) row
+// over every token pass it at T H = 2^27. Refused by plan() by name, with the shape's other limits (it was a launch
+// error in run(), on a shape plan() had accepted); one token fewer a head passes.
+TEST(HipKernelSpecs, LaunchesPastHipsWorkItemLimitAreRefusedAtPlanTime) {
+  Problem p;
+  p.H = 128, p.topk = 512, p.num_kv = 5120;
+  std::string why;
+  p.T = int64_t(1) << 20;  // T H = 2^27: delta launches 2^32 work-items
+  EXPECT_FALSE(hip_shape_supported(choose_shape(p, runtime_env().interm_budget), &why));
+  EXPECT_NE(why.find("smla_delta would launch 4294967296 work-items in x"), std::string::npos) << why;
+  p.T = (int64_t(1) << 20) - 1;
+  EXPECT_TRUE(hip_shape_supported(choose_shape(p, runtime_env().interm_budget), &why)) << why;
+  for (Phase ph : {Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Gather})
+    for (const KernelSpec& k : hip_phase_kernels(ph, choose_shape(p, runtime_env().interm_budget)))
+      EXPECT_LE(uint64_t(k.grid.x) * k.block.x, uint64_t(UINT32_MAX)) << k.entry;
+}
+
 TEST(HipKernelSpecs, EverySourceIsEmbeddedAndTheMemoryBoundBodiesAreShared) {
   KernelSources src;  // what the library embeds
   for (const Unit& u : compile_units()) EXPECT_TRUE(src.has(source_file_name(u.spec.stem, "hip"))) << u.spec.stem;

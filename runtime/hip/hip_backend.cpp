@@ -138,6 +138,11 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
   return k;
 }
 
+size_t HipBackend::sort_temp_bytes(const RocprimSort& sort, int device, int n, int end_bit) const {
+  DeviceScope use(Api::require(), device);
+  return sort.temp_bytes(n, 0, end_bit);
+}
+
 void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
   if (const auto* rk = dynamic_cast<const RocprimKernel*>(&lk)) {
     // Stable sort of the chunk's (key, slot) pairs from buffer 1 - csr_final (smla_csr_keys

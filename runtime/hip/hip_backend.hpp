@@ -9,6 +9,8 @@
 
 namespace smla::hip {
 
+class RocprimSort;
+
 class HipBackend : public Backend {
  public:
   HipBackend();
@@ -29,6 +31,9 @@ class HipBackend : public Backend {
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
   /// With hipStreamGetDevice (ROCm newer than 5.2): a stream of another device is named; without it, nothing.
   std::string foreign_stream(int device, void* stream) const override;
+  /// The csr sort's temporary bytes for `n` pairs on bits [0, end_bit) as `device` would need them: rocPRIM picks its
+  /// configuration by the current device's processor, so this asks with `device` current, as launch() sorts.
+  size_t sort_temp_bytes(const RocprimSort& sort, int device, int n, int end_bit) const;
 
  private:
   struct Probe {
