@@ -122,6 +122,17 @@ void init_sized(S* s, size_t n) noexcept {
 }
 }  // namespace
 
+// A C enum field as the int a C caller stored in it, whatever its value: in C++ reading an enum without a fixed
+// underlying type that holds a value outside its enumerators' range (a backend of 7, a dtype of 42: what the checks
+// below exist to refuse) is undefined behaviour, which -fstrict-enums would let the compiler fold the checks away on.
+template <class E>
+int enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "the C enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 extern "C" {
 
 void smla_problem_init(smla_problem_t* p) {
@@ -173,7 +184,7 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     q.lse.includes_sink = p->lse_excludes_sink == 0;
     q.check_indices = p->check_indices != 0;
     q.dkv_fp32 = p->dkv_fp32 != 0;
-    q.backend = static_cast<smla::BackendKind>(p->backend);
+    q.backend = static_cast<smla::BackendKind>(enum_bits(p->backend));
     q.device = p->device;
     q.t_chunk = o.t_chunk;
     auto plan = rt->rt.plan(q);
@@ -222,7 +233,7 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
     x.dq_stride_t = t->dq_stride_t, x.dq_stride_h = t->dq_stride_h, x.kv_stride = t->kv_stride;
     x.dkv_stride = t->dkv_stride, x.lse_stride_t = t->lse_stride_t, x.lse_stride_h = t->lse_stride_h;
     x.topk_stride = t->topk_stride;
-    auto d = [](smla_dtype_t v) { return static_cast<smla::DType>(v); };
+    auto d = [](const smla_dtype_t& v) { return static_cast<smla::DType>(enum_bits(v)); };
     x.dtypes = {d(t->q_dtype),    d(t->kv_dtype),        d(t->o_dtype),  d(t->dout_dtype), d(t->lse_dtype),
                 d(t->topk_dtype), d(t->attn_sink_dtype), d(t->dq_dtype), d(t->dkv_dtype),  d(t->d_sink_dtype)};
     plan->plan->run(x, workspace, workspace_bytes, stream);
@@ -246,6 +257,6 @@ const char* smla_last_error(void) { return g_last_error_text; }
 
 int smla_version(void) { return SMLA_VERSION; }
 
-const char* smla_status_string(smla_status_t s) { return smla::status_name(static_cast<smla::Status>(s)); }
+const char* smla_status_string(smla_status_t s) { return smla::status_name(static_cast<smla::Status>(enum_bits(s))); }
 
 }  // extern "C"

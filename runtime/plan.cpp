@@ -354,7 +354,10 @@ void PlanImpl::run_steps(const SmlaParams& base, void* stream) const {
         } catch (...) {  // a destructor must not throw; the launch's error is the one to report
         }
       }
-      be.release_side_stream(dev, s);
+      try {
+        be.release_side_stream(dev, s);  // (a pool's push_back: bad_alloc here would end in std::terminate)
+      } catch (...) {  // the stream stays out of the pool: one stream leaked, nothing else
+      }
     }
   } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev) : nullptr, stream};
   for (size_t i = 0; i < steps_.size(); ++i) {

@@ -1,6 +1,6 @@
 /* test_c_header.c: smla.h as a C program sees it (compiled as C99, linked against libsmla): the init functions, the
  * versioned option and info structs, and a plan with token chunks on the CPU backend; a bad t_chunk is refused with
- * a message. Exit status 0 when every check holds, 1 otherwise (each failure printed). */
+ * a message; enum fields outside their enumerators. Exit status 0 when every check holds, 1 otherwise (each failure printed). */
 #include <stdio.h>
 #include <string.h>
 
@@ -43,6 +43,15 @@ int main(void) {
   opt.t_chunk = 51;
   EXPECT(smla_plan_create_ex(rt, &pb, &opt, &plan) == SMLA_INVALID_ARGUMENT && plan == NULL);
   EXPECT(strstr(smla_last_error(), "t_chunk") != NULL);
+  /* A C enum holds any int: one outside the enumerators is refused by name (read without undefined behaviour on the
+   * C++ side, which the sanitizer build checks), and a status string is given for any value. */
+  opt.t_chunk = 0;
+  pb.backend = (smla_backend_t)7;
+  EXPECT(smla_plan_create_ex(rt, &pb, &opt, &plan) == SMLA_INVALID_ARGUMENT && plan == NULL);
+  EXPECT(strstr(smla_last_error(), "backend") != NULL);
+  pb.backend = (smla_backend_t)-1;
+  EXPECT(smla_plan_create_ex(rt, &pb, &opt, &plan) == SMLA_INVALID_ARGUMENT && plan == NULL);
+  EXPECT(smla_status_string((smla_status_t)99) != NULL && smla_status_string(SMLA_OK) != NULL);
   smla_runtime_destroy(rt);
   if (failures == 0) printf("smla.h as C: all checks passed\n");
   return failures ? 1 : 0;

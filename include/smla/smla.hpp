@@ -157,7 +157,9 @@ class Plan {
   /// stream; ignored by the CPU backend, which runs synchronously). Validates the tensors
   /// (throws smla::Error naming the argument, before anything is launched). No device allocation,
   /// no compilation, no host synchronization. The CPU backend allocates only its threads' scratch rows
-  /// (up to R_CHUNK x 512 floats a thread); running out of host memory for them is an smla::Error (Internal).
+  /// (up to max(R_CHUNK, 2 H + 1) x 512 floats a thread, at most 16 threads a phase, started and joined
+  /// within each phase); running out of host memory for them, or for a thread, is an smla::Error (Internal)
+  /// or a block run on the calling thread, never an abort.
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
   /// Reads the index report left in `workspace` by the last run with check_indices
   /// (synchronizes the stream: not for use inside a graph capture).

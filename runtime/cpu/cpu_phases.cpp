@@ -18,23 +18,27 @@
 #include "../bf16.hpp"
 
 namespace smla::cpu {
+
+int threads_for_tests = 0;
 namespace {
 
 constexpr int D = SMLA_D;
 
 // The blocks are fixed by n and the thread count, so a block that could not get a thread of its own (a pids limit in
-// a container, RLIMIT_NPROC) runs on the calling thread with the same bounds: same results, only slower. An exception
-// in any block is rethrown here once every thread has been joined (one escaping a std::thread would terminate the
-// caller's process).
+// a container, RLIMIT_NPROC: std::system_error; no memory for the thread's state: std::bad_alloc) runs on the calling
+// thread with the same bounds: same results, only slower. An exception in any block is rethrown here once every
+// thread has been joined; the threads are joined whatever leaves this function (a joinable std::thread destroyed,
+// or one escaping it, would terminate the caller's process: it did when the second thread's state could not be had).
 template <class Fn>
 void parallel_blocks(int n, Fn fn) {
   int hw = static_cast<int>(std::thread::hardware_concurrency());
-  int nt = std::max(1, std::min({hw > 0 ? hw : 2, 16, n}));
+  int nt = std::max(1, std::min({threads_for_tests > 0 ? threads_for_tests : hw > 0 ? hw : 2, 16, n}));
   if (nt == 1) {
     fn(0, n);
     return;
   }
   std::vector<std::exception_ptr> err(nt);
+  std::vector<char> own_thread(nt, 0);  // allocated before any thread starts: nothing below allocates but a thread
   auto block = [&](int i) {
     try {
       fn(static_cast<int>(static_cast<long long>(n) * i / nt), static_cast<int>(static_cast<long long>(n) * (i + 1) / nt));
@@ -43,16 +47,24 @@ void parallel_blocks(int n, Fn fn) {
     }
   };
   std::vector<std::thread> th;
-  std::vector<int> inline_blocks{nt - 1};  // the caller's thread takes the last block
   th.reserve(nt - 1);
+  struct Joiner {
+    std::vector<std::thread>& th;
+    ~Joiner() {
+      for (auto& t : th)
+        if (t.joinable()) t.join();
+    }
+  } joiner{th};
   for (int i = 0; i < nt - 1; ++i) {
     try {
-      th.emplace_back(block, i);
-    } catch (const std::system_error&) {
-      inline_blocks.push_back(i);
+      th.emplace_back(block, i);  // (reserved: a failure leaves th as it was)
+      own_thread[size_t(i)] = 1;
+    } catch (...) {  // std::system_error or std::bad_alloc: this block runs here
     }
   }
-  for (int i : inline_blocks) block(i);
+  block(nt - 1);  // the caller's thread takes the last block, then those without a thread
+  for (int i = 0; i < nt - 1; ++i)
+    if (!own_thread[size_t(i)]) block(i);
   for (auto& t : th) t.join();
   for (auto& e : err)
     if (e) std::rethrow_exception(e);

@@ -18,6 +18,10 @@ void csr(const SmlaParams& p);
 void gather(const SmlaParams& p);
 void d_sink(const SmlaParams& p);
 
+/// Threads a phase uses: 0 (the default) min(cores, 16, its blocks); a test sets more, to reach the paths of a
+/// machine with more cores than its own.
+extern int threads_for_tests;
+
 using PhaseFn = void (*)(const SmlaParams&);
 /// The phase for a kernel entry name ("smla_dq", ...); null for an unknown name.
 PhaseFn cpu_phase_fn(const std::string& entry_name);

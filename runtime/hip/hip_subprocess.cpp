@@ -220,7 +220,24 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   };
   std::vector<std::thread> pool;
   size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size());
-  for (size_t t = 0; t < n; ++t) pool.emplace_back(worker);
+  pool.reserve(n);
+  // Threads that cannot start (a pids limit, no memory for their state) leave their share to the others and to this
+  // thread; the pool is joined however this leaves (a joinable thread destroyed would end the process).
+  struct Joiner {
+    std::vector<std::thread>& pool;
+    ~Joiner() {
+      for (auto& t : pool)
+        if (t.joinable()) t.join();
+    }
+  } joiner{pool};
+  for (size_t t = 1; t < n; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (...) {
+      break;
+    }
+  }
+  worker();  // this thread is one of the n
   for (auto& t : pool) t.join();
   return out;
 }
