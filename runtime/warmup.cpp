@@ -33,6 +33,7 @@
 #include "planner.hpp"
 #include "relative_path.hpp"  // parent_dir
 #include "sources.hpp"
+#include "threads.hpp"
 #include "tuning_db.hpp"
 
 // The AMD kernel table is written separately; until it is in the build, gfx targets report it.
@@ -315,7 +316,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   std::mutex mu;
   std::atomic<size_t> next{0};
   size_t done = 0;
-  auto worker = [&] {
+  auto worker = [&](int) {
     for (size_t i = next++; i < jobs.size(); i = next++) {
       Job& j = jobs[i];
       WarmupItem r;
@@ -363,9 +364,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   };
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t n = std::min(jobs.size(), size_t(opts.jobs > 0 ? unsigned(opts.jobs) : hw));
-  std::vector<std::thread> pool;
-  for (size_t i = 0; i < n; ++i) pool.emplace_back(worker);
-  for (auto& t : pool) t.join();
+  on_threads(int(n), worker);  // (a thread that cannot start leaves its share to the others and to this one)
   return finish();
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../bf16.hpp"
+#include "../threads.hpp"
 
 namespace smla::cpu {
 
@@ -24,11 +25,9 @@ namespace {
 
 constexpr int D = SMLA_D;
 
-// The blocks are fixed by n and the thread count, so a block that could not get a thread of its own (a pids limit in
-// a container, RLIMIT_NPROC: std::system_error; no memory for the thread's state: std::bad_alloc) runs on the calling
-// thread with the same bounds: same results, only slower. An exception in any block is rethrown here once every
-// thread has been joined; the threads are joined whatever leaves this function (a joinable std::thread destroyed,
-// or one escaping it, would terminate the caller's process: it did when the second thread's state could not be had).
+// The blocks are fixed by n and the thread count, so a block that could not get a thread of its own (on_threads)
+// runs on the calling thread with the same bounds: same results, only slower. An exception in any block is rethrown
+// here once every thread has been joined.
 template <class Fn>
 void parallel_blocks(int n, Fn fn) {
   int hw = static_cast<int>(std::thread::hardware_concurrency());
@@ -38,34 +37,13 @@ void parallel_blocks(int n, Fn fn) {
     return;
   }
   std::vector<std::exception_ptr> err(nt);
-  std::vector<char> own_thread(nt, 0);  // allocated before any thread starts: nothing below allocates but a thread
-  auto block = [&](int i) {
+  on_threads(nt, [&](int i) {
     try {
       fn(static_cast<int>(static_cast<long long>(n) * i / nt), static_cast<int>(static_cast<long long>(n) * (i + 1) / nt));
     } catch (...) {
       err[i] = std::current_exception();
     }
-  };
-  std::vector<std::thread> th;
-  th.reserve(nt - 1);
-  struct Joiner {
-    std::vector<std::thread>& th;
-    ~Joiner() {
-      for (auto& t : th)
-        if (t.joinable()) t.join();
-    }
-  } joiner{th};
-  for (int i = 0; i < nt - 1; ++i) {
-    try {
-      th.emplace_back(block, i);  // (reserved: a failure leaves th as it was)
-      own_thread[size_t(i)] = 1;
-    } catch (...) {  // std::system_error or std::bad_alloc: this block runs here
-    }
-  }
-  block(nt - 1);  // the caller's thread takes the last block, then those without a thread
-  for (int i = 0; i < nt - 1; ++i)
-    if (!own_thread[size_t(i)]) block(i);
-  for (auto& t : th) t.join();
+  });
   for (auto& e : err)
     if (e) std::rethrow_exception(e);
 }

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../../cache/entry_store.hpp"
+#include "../threads.hpp"
 #include "hip_api.hpp"
 #include "hip_log.hpp"
 #include "hiprtc_compiler.hpp"
@@ -214,31 +215,12 @@ std::vector<ChildStatus> run_children(const std::vector<std::vector<std::string>
   for (auto& e : env) envp.push_back(&e[0]);
   envp.push_back(nullptr);
   std::atomic<size_t> next{0};
-  auto worker = [&] {
+  auto worker = [&](int) {
     for (size_t i; (i = next++) < argvs.size();)
       out[i] = run_one(argvs[i], i < output_files.size() ? output_files[i] : "", envp.data(), timeout_s);
   };
-  std::vector<std::thread> pool;
-  size_t n = std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size());
-  pool.reserve(n);
-  // Threads that cannot start (a pids limit, no memory for their state) leave their share to the others and to this
-  // thread; the pool is joined however this leaves (a joinable thread destroyed would end the process).
-  struct Joiner {
-    std::vector<std::thread>& pool;
-    ~Joiner() {
-      for (auto& t : pool)
-        if (t.joinable()) t.join();
-    }
-  } joiner{pool};
-  for (size_t t = 1; t < n; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (...) {
-      break;
-    }
-  }
-  worker();  // this thread is one of the n
-  for (auto& t : pool) t.join();
+  // (a thread that cannot start leaves its share to the others and to this one)
+  on_threads(int(std::min<size_t>(static_cast<size_t>(std::max(1, jobs)), argvs.size())), worker);
   return out;
 }
 
