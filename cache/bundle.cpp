@@ -128,6 +128,14 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     r.error = file + " is not an smla-cache bundle";
     return r;
   }
+  // The renames into entries/ made durable once, however the import ends (as a publish makes its own).
+  struct SyncEntries {
+    std::string dir;
+    bool any = false;
+    ~SyncEntries() {
+      if (any) fsync_dir(dir);
+    }
+  } sync{Root{s_.dir}.entries()};
   for (int64_t index = 0;; ++index) {
     std::string where = file + ": entry " + std::to_string(index);
     uint32_t name_len = 0, n_files = 0;
@@ -199,8 +207,8 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
       e = rc == 0 ? 0 : errno;
     }
     if (rc == 0) {
-      fsync_dir(Root{s_.dir}.entries());  // the rename itself durable, as a publish makes it
       touch(dst);
+      sync.any = true;
       ++r.done;
     } else {
       fs::remove_all(stage, ec);

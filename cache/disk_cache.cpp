@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -98,36 +97,31 @@ struct DiskCache::Impl {
       P.approx_bytes += added;
       return;
     }
-    Evicted ev = evict(user, max_bytes - max_bytes / 10, keep);
-    std::vector<std::string> digests;
-    for (const auto& gone : ev.removed) {
-      log().info("smla-cache: evicted {} (SMLA_CACHE_MAX_BYTES={})", gone, max_bytes);
-      std::string d;
-      if (valid_entry_name(gone, &d)) digests.push_back(d);
-    }
-    remove_locks(digests);
-    for (const auto& why : ev.failed) removal_failed(why);
-    P.approx_bytes = ev.total;
-    P.publishes_since_scan = 0;
+    evicted(P, evict(user, max_bytes - max_bytes / 10, keep), "SMLA_CACHE_MAX_BYTES=" + std::to_string(max_bytes));
   }
 
-  // No space to publish: evicts the least recently used half of what this user may remove (the approximate size
-  // follows). Returns the bytes left, or 0 when nothing could go (nothing of ours to evict: no retry).
-  int64_t make_room() {
+  // No space to publish: evicts the least recently used half of what this user may remove. Whether anything went
+  // (nothing of ours to evict: no retry).
+  bool make_room() {
     ProcState& P = proc();
     std::lock_guard<std::mutex> g(P.evict_mu);
-    const int64_t ours = evict(user, std::numeric_limits<int64_t>::max(), "").total;  // what we may remove: a scan
-    Evicted ev = evict(user, ours / 2, "");
+    return evicted(P, evict_to(user, [](int64_t ours) { return ours / 2; }, ""), "no space left to publish") > 0;
+  }
+
+  // What an eviction did, said and followed up (its keys' lock files, the approximate size); under P.evict_mu.
+  // Returns how many entries went.
+  size_t evicted(ProcState& P, const Evicted& ev, const std::string& why) {
     std::vector<std::string> digests;
     for (const auto& gone : ev.removed) {
-      log().info("smla-cache: evicted {} (no space left to publish)", gone);
+      log().info("smla-cache: evicted {} ({})", gone, why);
       std::string d;
       if (valid_entry_name(gone, &d)) digests.push_back(d);
     }
     remove_locks(digests);
+    for (const auto& w : ev.failed) removal_failed(w);
     P.approx_bytes = ev.total;
     P.publishes_since_scan = 0;
-    return ev.removed.empty() ? 0 : std::max<int64_t>(ev.total, 1);
+    return ev.removed.size();
   }
 
   // Lock files of keys without an entry are removed when nobody holds them (LockFile::
@@ -331,11 +325,11 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
     if (L.missing) return false;
     if (L.unavailable) {
       // Not read, for a reason outside the entry (too many open files, an I/O error, no permission): no verdict on
-      // it, so it stays for the processes that can read it; this one compiles and keeps the binary in memory (a
-      // publish would lose to the entry in place).
+      // it, so it stays for the processes that can read it. This one compiles: a user-cache entry's binary is kept in
+      // memory (a publish would lose to the entry in place); a system-cache entry's is published as any miss.
       if (owned) ++I.unreadable, stuck = true, stuck_err = L.problem;
-      log().warn("smla-cache [{}]: cannot read cache entry {}: {}; leaving it in place, compiling into memory", k.tag,
-                 r.entry(name), L.problem);
+      log().warn("smla-cache [{}]: cannot read cache entry {}: {}; leaving it in place, compiling{}", k.tag,
+                 r.entry(name), L.problem, owned ? " into memory" : "");
       return false;
     }
     std::string problem;
@@ -424,10 +418,9 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
       // The file system (or the quota) filled before SMLA_CACHE_MAX_BYTES did: without this the cache took no new
       // kernel again, every process recompiling them, while the old entries stayed. The least recently used half of
       // what this user may remove goes, once, and the publish is tried again.
-      const int64_t had = I.make_room();
-      if (had > 0) {
-        log().info("smla-cache [{}]: no space to publish ({}); evicted down to {} bytes, trying again", k.tag, err,
-                   had);
+      if (I.make_room()) {
+        log().info("smla-cache [{}]: no space to publish ({}); evicted the older half of the cache, trying again",
+                   k.tag, err);
         err.clear();
         published = publish_entry(I.user, name, manifest, f.source, c.binary, s_, &lost, &added, &err, &no_space);
       }

@@ -253,10 +253,11 @@ const std::string& host_name() {
 std::string owner_tag() { return host_name() + "." + std::to_string(getpid()) + "." + random_hex(); }
 
 bool owner_gone(const std::string& tail, int64_t age_ns, int64_t stale_s, int64_t dead_grace_s) {
-  // (no stale_s x 1e9: it overflowed past ~292 years). A date as far ahead of now is a clock that ran ahead (a skewed
-  // node's, or a file server's): stale too, else it would never age here.
+  // (no stale_s x 1e9: it overflowed past ~292 years). A date as far ahead of now, and more than kFutureSlackS, is a
+  // clock that ran ahead (a skewed node's, or a file server's): stale too, else it would never age here; a peer whose
+  // clock is a minute ahead is still publishing.
   const int64_t age_s = age_ns / 1000000000LL;
-  bool stale = age_ns > 0 ? age_s >= stale_s : -age_s >= stale_s && age_ns < 0;
+  bool stale = age_ns >= 0 ? age_ns > 0 && age_s >= stale_s : -age_s >= std::max(stale_s, kFutureSlackS);
   // <host>.<pid>.<rand>; the host may itself contain dots.
   size_t d2 = tail.rfind('.');
   size_t d1 = d2 == std::string::npos || d2 == 0 ? std::string::npos : tail.rfind('.', d2 - 1);
@@ -456,19 +457,16 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
                    const Settings& s, bool* lost_race, int64_t* bytes, std::string* err, bool* no_space) {
   *lost_race = false;
   *bytes = 0;
-  int e_no = 0;
-  auto space = [&] {
-    if (no_space) *no_space = e_no == ENOSPC || e_no == EDQUOT;
-  };
-  space();
-  std::string stage = make_staging(r, "stage", err, &e_no);
-  if (stage.empty()) return space(), false;
-  auto fail = [&] {
+  int e_no = 0;  // the failure's errno, for *no_space
+  if (no_space) *no_space = false;
+  auto fail = [&](const std::string& stage) {
     std::error_code ec;
-    fs::remove_all(stage, ec);
-    space();
+    if (!stage.empty()) fs::remove_all(stage, ec);
+    if (no_space) *no_space = e_no == ENOSPC || e_no == EDQUOT;
     return false;
   };
+  std::string stage = make_staging(r, "stage", err, &e_no);
+  if (stage.empty()) return fail(stage);
   // Compiler logs may hold bytes that are not UTF-8: replace them rather than throw.
   std::string m = manifest.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
   // Test hook: a file system of test_capacity_bytes that this cache's entries alone fill.
@@ -480,11 +478,11 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
   }
   if (!write_file(stage + "/" + kSource, source.data(), source.size(), full, err, &e_no) ||
       !write_file(stage + "/" + kBinary, binary.data(), binary.size(), full, err, &e_no))
-    return fail();
+    return fail(stage);
   if (s.test_publish_delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(s.test_publish_delay_ms));
   // The manifest goes last: a staged dir without one is visibly incomplete.
-  if (!write_file(stage + "/" + kManifest, m.data(), m.size(), full, err, &e_no)) return fail();
+  if (!write_file(stage + "/" + kManifest, m.data(), m.size(), full, err, &e_no)) return fail(stage);
   fsync_dir(stage);
   std::error_code ec;
   fs::create_directories(r.entries(), ec);
@@ -495,13 +493,14 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
     *bytes = int64_t(source.size() + binary.size() + m.size());  // as scan_entries counts it
     return true;
   }
-  if (errno == EEXIST || errno == ENOTEMPTY) {
+  e_no = errno;
+  if (e_no == EEXIST || e_no == ENOTEMPTY) {
     *lost_race = true;  // another process published the same key first: that is success
-    fail();
+    fail(stage);
     return true;
   }
-  *err = "cannot rename " + stage + " to " + dst + ": " + errno_text(errno);
-  return fail();
+  *err = "cannot rename " + stage + " to " + dst + ": " + errno_text(e_no);
+  return fail(stage);
 }
 
 std::vector<Scanned> scan_entries(const Root& r) {
@@ -525,6 +524,10 @@ std::vector<Scanned> scan_entries(const Root& r) {
 }
 
 Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
+  return evict_to(r, [max_bytes](int64_t) { return max_bytes; }, keep);
+}
+
+Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of, const std::string& keep) {
   std::vector<Scanned> v = scan_entries(r);
   Evicted ev;
   // An entry this process may not remove (another member's made without group write, root's: moving a directory
@@ -544,6 +547,7 @@ Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
     }
   }
   v = std::move(mine);
+  const int64_t max_bytes = target_of(ev.total);
   // Recency by mtime, which each client stamps with its own clock: one dated past now + kFutureSlackS ran ahead (a
   // node's skewed clock), and would otherwise stay the most recent for ever; it sorts as the oldest instead.
   const int64_t future = realtime_ns() + kFutureSlackS * 1000000000LL;

@@ -5,6 +5,7 @@
 // An entry's directory mtime is its LRU recency stamp (set explicitly on publish and on each hit).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -134,11 +135,14 @@ struct Evicted {
   std::vector<std::string> removed;  ///< names
   std::vector<std::string> failed;   ///< why, for each entry that could not be removed
   int64_t total = 0;                 ///< bytes of the entries left, less `pinned`
-  int64_t pinned = 0;                ///< bytes of entries it tried and could not remove (not counted in `total`)
+  int64_t pinned = 0;                ///< bytes of entries this user may not remove (not counted in `total`)
 };
-/// Evicts least recently used entries until the total is <= max_bytes, never `keep`. Entries it cannot remove are
-/// left out of the total; an entry dated more than kFutureSlackS ahead of now counts as the least recently used.
+/// Evicts least recently used entries until the total is <= max_bytes, never `keep`. Entries this user may not
+/// remove (write permission on the entry and on entries/, or a removal that failed) are left out of the total; an
+/// entry dated more than kFutureSlackS ahead of now counts as the least recently used.
 constexpr int64_t kFutureSlackS = 300;
 Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep);
+/// The same, down to target_of(the bytes this user may remove), from the one scan.
+Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of, const std::string& keep);
 
 }  // namespace smla::cache::detail

@@ -152,20 +152,23 @@ TEST(HipKernelSpecs, RejectsTilesThatDoNotFit) {
 }
 
 // HIP refuses a launch of 2^32 work-items or more in a dimension (gridDim x blockDim): delta's 32 lanes a (t, h) row
-// over every token pass it at T H = 2^27. Refused by plan() by name, with the shape's other limits (it was a launch
-// error in run(), on a shape plan() had accepted); one token fewer a head passes.
+// over every token pass it at T H = 2^27. Refused where the launch is planned, naming the kernel (it was a launch
+// error in run(), on a shape plan() had accepted); one token fewer passes. Through order_steps, as plan() does.
 TEST(HipKernelSpecs, LaunchesPastHipsWorkItemLimitAreRefusedAtPlanTime) {
   Problem p;
   p.H = 128, p.topk = 512, p.num_kv = 5120;
-  std::string why;
   p.T = int64_t(1) << 20;  // T H = 2^27: delta launches 2^32 work-items
-  EXPECT_FALSE(hip_shape_supported(choose_shape(p, runtime_env().interm_budget), &why));
-  EXPECT_NE(why.find("smla_delta would launch 4294967296 work-items in x"), std::string::npos) << why;
+  try {
+    order_steps(choose_shape(p, runtime_env().interm_budget), hip_phase_kernels);
+    ADD_FAILURE() << "planned a delta launch of 2^32 work-items";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("smla_delta would launch 4294967296 work-items in x"), std::string::npos)
+        << e.what();
+  }
   p.T = (int64_t(1) << 20) - 1;
-  EXPECT_TRUE(hip_shape_supported(choose_shape(p, runtime_env().interm_budget), &why)) << why;
-  for (Phase ph : {Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Gather})
-    for (const KernelSpec& k : hip_phase_kernels(ph, choose_shape(p, runtime_env().interm_budget)))
-      EXPECT_LE(uint64_t(k.grid.x) * k.block.x, uint64_t(UINT32_MAX)) << k.entry;
+  for (const Step& st : order_steps(choose_shape(p, runtime_env().interm_budget), hip_phase_kernels))
+    EXPECT_LE(uint64_t(st.spec.grid.x) * st.spec.block.x, uint64_t(UINT32_MAX)) << st.spec.entry;
 }
 
 TEST(HipKernelSpecs, EverySourceIsEmbeddedAndTheMemoryBoundBodiesAreShared) {

@@ -4,7 +4,6 @@
 // AMD-specific (dq, dkv_interm) and in the CUDA kernels' 32-lane "warps" where the body is
 // shared (delta, gather, check_topk, d_sink: a wavefront runs two of them).
 #include "kernels_hip.hpp"
-#include "../planner.hpp"
 #include "../shared_specs.hpp"
 
 #include <algorithm>
@@ -44,10 +43,6 @@ Tiles tiles_of(const ShapeInfo& s) {
 
 }  // namespace
 
-namespace {
-std::vector<KernelSpec> build_phase_kernels(Phase phase, const ShapeInfo& s);
-}
-
 bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
   std::ostringstream e;
   const Tiles t = tiles_of(s);
@@ -77,28 +72,13 @@ bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
       << "); ";
   // csr: rocPRIM sorts on bits [0, bits(num_kv)); rowptr reads the result where csr_final says.
   if (s.radix_passes < 1) e << "radix_passes = " << s.radix_passes << " must be >= 1; ";
-  // HIP refuses a launch of 2^32 work-items or more in a dimension (hipModuleLaunchKernel: gridDim x blockDim; CUDA
-  // counts blocks, up to 2^31 - 1): delta's (32 T H over every token) passes it from T H = 2^27, i.e. T 1M at H 128.
-  // Said here by kernel, with the shape's other limits, not as a launch error in run(). The token-chunked phases
-  // launch per chunk; delta, check_topk and d_sink over every token.
-  if (e.str().empty()) {
-    const ShapeInfo chunk = token_chunk_shape(s, 0);
-    for (Phase ph : {Phase::CheckTopk, Phase::Delta, Phase::DSink, Phase::Dq, Phase::DkvInterm, Phase::Csr, Phase::Gather}) {
-      const bool chunked = !(ph == Phase::CheckTopk || ph == Phase::Delta || ph == Phase::DSink);
-      for (const KernelSpec& k : build_phase_kernels(ph, chunked ? chunk : s))
-        for (const auto& [g, b, axis] : {std::tuple{k.grid.x, k.block.x, 'x'}, std::tuple{k.grid.y, k.block.y, 'y'}})
-          if (uint64_t(g) * uint64_t(b) > uint64_t(std::numeric_limits<uint32_t>::max()))
-            e << k.entry << " would launch " << uint64_t(g) * uint64_t(b) << " work-items in " << axis
-              << ", past HIP's 2^32 - 1; ";
-    }
-  }
   const std::string msg = e.str();
   if (why) *why = msg;
   return msg.empty();
 }
 
 namespace {
-// The launches of a phase, unchecked (hip_phase_kernels checks the shape first; hip_shape_supported checks these).
+// The launches of a phase (hip_phase_kernels checks the shape before and the launches' sizes after).
 std::vector<KernelSpec> build_phase_kernels(Phase phase, const ShapeInfo& s) {
   const Tiles t = tiles_of(s);
   const long long items = static_cast<long long>(s.T) * s.r_chunk;
@@ -140,7 +120,19 @@ std::vector<KernelSpec> hip_phase_kernels(Phase phase, const ShapeInfo& s) {
   if (!hip_shape_supported(s, &why))
     throw Error(Status::Unsupported, "shape not supported by the HIP kernels: " + why, __FILE__, __LINE__,
                 "hip_phase_kernels");
-  return build_phase_kernels(phase, s);
+  std::vector<KernelSpec> ks = build_phase_kernels(phase, s);
+  // HIP refuses a launch of 2^32 work-items or more in a dimension (hipModuleLaunchKernel: gridDim x blockDim; CUDA
+  // counts blocks, up to 2^31 - 1): delta's (32 T H over every token) passes it from T H = 2^27, i.e. T 1M at H 128.
+  // Refused here, where each launch is planned (plan() fails naming the kernel), not as a launch error in run().
+  for (const KernelSpec& k : ks)
+    for (const auto& [g, b, axis] : {std::tuple{k.grid.x, k.block.x, 'x'}, std::tuple{k.grid.y, k.block.y, 'y'},
+                                     std::tuple{k.grid.z, k.block.z, 'z'}})
+      if (uint64_t(g) * uint64_t(b) > uint64_t(std::numeric_limits<uint32_t>::max()))
+        throw Error(Status::Unsupported,
+                    "shape not supported by the HIP kernels: " + k.entry + " would launch " +
+                        std::to_string(uint64_t(g) * uint64_t(b)) + " work-items in " + axis + ", past HIP's 2^32 - 1",
+                    __FILE__, __LINE__, "hip_phase_kernels");
+  return ks;
 }
 
 std::vector<KernelSpec> hip_all_kernels(const std::vector<ShapeInfo>& shapes) {

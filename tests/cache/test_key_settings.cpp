@@ -110,8 +110,10 @@ TEST(CacheSettings, ReadsEveryKnob) {
       << "a 5 s old staging of another host was gone under a huge SMLA_CACHE_STALE_S";
   EXPECT_TRUE(detail::owner_gone("otherhost.4242.abcd", int64_t(61) * 1000000000, 60));
   EXPECT_FALSE(detail::owner_gone("otherhost.4242.abcd", int64_t(59) * 1000000000, 60));
-  // Dated as far ahead as the limit (a clock that ran ahead): stale too; a few seconds ahead is not.
-  EXPECT_TRUE(detail::owner_gone("otherhost.4242.abcd", -int64_t(61) * 1000000000, 60));
+  // Dated as far ahead as the limit and past detail::kFutureSlackS (a clock that ran ahead): stale too; a peer whose
+  // clock is a minute ahead is not, even under a limit of a minute.
+  EXPECT_TRUE(detail::owner_gone("otherhost.4242.abcd", -(detail::kFutureSlackS + 1) * 1000000000, 60));
+  EXPECT_FALSE(detail::owner_gone("otherhost.4242.abcd", -int64_t(61) * 1000000000, 60));
   EXPECT_FALSE(detail::owner_gone("otherhost.4242.abcd", -int64_t(5) * 1000000000, 60));
   // Under a minute would take another process's publish in flight for left over: ignored (0 was accepted).
   for (const char* tiny : {"0", "59", "-1"}) {
