@@ -489,6 +489,7 @@ std::vector<EntryInfo> DiskCache::verify() const {
     }
     Loaded L = load_entry(impl_->user.entry(e.name), digest);
     e.ok = L.ok;
+    e.unreadable = !L.ok && L.unavailable;
     e.problem = L.ok ? "" : L.problem;
   }
   return v;

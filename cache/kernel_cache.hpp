@@ -110,6 +110,8 @@ struct EntryInfo {
   int64_t bytes = 0;      ///< all files of the entry
   int64_t age_s = 0;      ///< since last use (the entry's recency stamp)
   bool ok = false;        ///< passed verification (only filled by verify())
+  bool unreadable = false;  ///< !ok because it could not be read for a reason outside it (EMFILE, EIO, EACCES...):
+                            ///< no verdict on the entry, which is left in place (verify() only)
   std::string problem;    ///< why not, if !ok
 };
 

@@ -49,7 +49,7 @@ int cache_main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   app.require_subcommand(1);
   auto* list = app.add_subcommand("list", "tag, target, size and age of every entry");
-  auto* verify = app.add_subcommand("verify", "check every entry; exit 1 and name the bad ones");
+  auto* verify = app.add_subcommand("verify", "check every entry: exit 1 naming the damaged ones (BAD), else 3 naming those it could not read (UNREADABLE)");
   auto* prune = app.add_subcommand("prune", "evict least recently used entries down to a size");
   std::string max_bytes;
   prune->add_option("--max-bytes", max_bytes, "bound, e.g. 2G, 512M or bytes")->required();
@@ -107,15 +107,17 @@ int cache_main(int argc, char** argv) {
     return 0;
   }
   if (verify->parsed()) {
-    int bad = 0;
+    // Damage (exit 1) is told apart from an entry this process could not read (exit 3): the latter is no verdict on
+    // the entry (another user, or this one with descriptors to spare, may read it), and nothing removes it.
+    int bad = 0, unreadable = 0;
     auto v = cache.verify();
     for (const auto& e : v) {
       if (e.ok) continue;
-      ++bad;
-      fmt::print("BAD {}: {}\n", e.name, e.problem);
+      ++(e.unreadable ? unreadable : bad);
+      fmt::print("{} {}: {}\n", e.unreadable ? "UNREADABLE" : "BAD", e.name, e.problem);
     }
-    fmt::print("{} entries, {} bad\n", v.size(), bad);
-    return bad ? 1 : 0;
+    fmt::print("{} entries, {} bad, {} unreadable\n", v.size(), bad, unreadable);
+    return bad ? 1 : unreadable ? 3 : 0;
   }
   if (prune->parsed()) {
     int64_t n = 0;

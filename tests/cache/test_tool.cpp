@@ -1,6 +1,9 @@
 // The smla-cache tool, run as a separate process: list, prune, clear, export and import.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <tuple>
+
 #include "test_util.hpp"
 
 namespace smla::cache::test {
@@ -102,6 +105,41 @@ TEST(Tool, ExportThatFailsLeavesNothing) {
   EXPECT_NE(out2.find("exported: 2 entries"), std::string::npos) << out2;
   EXPECT_EQ(count_dir(t / "out"), 2u) << "a temp file was left beside the bundle";
   EXPECT_TRUE(fs::is_regular_file(t / "out/b.smlacb"));
+}
+
+// An entry verify cannot read for a reason outside it (here: no permission to its manifest) is no verdict on it: it is
+// named UNREADABLE, not BAD, and left in place; the exit says verify could not read everything (3), and damage still
+// says damage (1). As root (CI), which reads anything, the tool runs as an unprivileged user.
+TEST(Tool, VerifyTellsAnEntryItCannotReadFromADamagedOne) {
+  TempDir t;
+  populate(t / "c", 3);
+  const std::vector<std::string> names = entry_names(t / "c");
+  ASSERT_EQ(names.size(), 3u);
+  const std::string locked = t / ("c/entries/" + names[0] + "/manifest.json");
+  ASSERT_EQ(::chmod(locked.c_str(), 0), 0);
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  // A copy beside the cache: the build tree may be closed to other users.
+  const std::string exe = t / "smla-cache";
+  fs::copy_file(SMLA_CACHE_TOOL, exe);
+  ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
+  // `verify` as the user who cannot read `locked`, expecting exit `want` and these lines.
+  auto check = [&](int want, const std::vector<std::string>& lines) {
+    auto run = [&]() -> std::string {
+      auto [rc, out] = run_cmd(exe + " --dir " + (t / "c") + " verify");
+      std::string r = rc == want ? "" : "exit " + std::to_string(rc) + ", not " + std::to_string(want) + "; ";
+      for (const std::string& l : lines)
+        if (out.find(l) == std::string::npos) r += "no '" + l + "'; ";
+      return r.empty() ? r : r + "\n" + out;
+    };
+    return ::geteuid() == 0 ? run_as(54321, 54320, run) : run();
+  };
+  EXPECT_EQ(check(3, {"UNREADABLE " + names[0] + ": ", "3 entries, 0 bad, 1 unreadable"}), "");
+  // Damage beside it: exit 1, each named as what it is.
+  std::ofstream(t / ("c/entries/" + names[1] + "/kernel.bin"), std::ios::binary | std::ios::app) << "junk";
+  EXPECT_EQ(check(1, {"UNREADABLE " + names[0] + ": ", "BAD " + names[1] + ": ", "3 entries, 1 bad, 1 unreadable"}),
+            "");
+  EXPECT_TRUE(fs::exists(locked)) << "verify removed an entry it could not read";
+  ::chmod(locked.c_str(), 0644);
 }
 
 // Output that cannot be written is an I/O error, exit 1, saying so: a listing longer than stdout's buffer aborted on
