@@ -40,9 +40,8 @@ static std::string compose(Status status, const std::string& message, const char
 Error::Error(Status status, std::string message, const char* file, int line, std::string call)
     : std::runtime_error(compose(status, message, file, line, call)),
       status_(status),
-      message_(std::move(message)),
+      parts_(std::make_shared<const Parts>(Parts{std::move(message), std::move(call)})),
       file_(file ? file : ""),
-      line_(line),
-      call_(std::move(call)) {}
+      line_(line) {}
 
 }  // namespace smla

@@ -16,6 +16,7 @@
 #include <new>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "runtime/cpu_backend.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
@@ -441,6 +442,23 @@ smla_tensors_t c_tensors(const Tensors& t) {
   ct.q = t.q, ct.kv = t.kv, ct.o = t.o, ct.dout = t.dout, ct.lse = t.lse, ct.topk = t.topk;
   ct.attn_sink = t.attn_sink, ct.dq = t.dq, ct.dkv = t.dkv, ct.d_sink = t.d_sink;
   return ct;
+}
+
+// An Error caught by value, rethrown from an exception_ptr or copied into a status record must not throw on the copy
+// (std::terminate mid-unwinding): its copy shares the message and call, and keeps what they say.
+TEST(Api, AnErrorCopiesWithoutThrowingAndKeepsItsParts) {
+  EXPECT_TRUE(std::is_nothrow_copy_constructible<Error>::value);
+  EXPECT_TRUE(std::is_nothrow_copy_assignable<Error>::value);
+  const Error e(Status::Unsupported, "the message", "file.cpp", 7, "the_call");
+  Error c = e;
+  c = e;
+  EXPECT_EQ(c.status(), Status::Unsupported);
+  EXPECT_EQ(c.message(), "the message");
+  EXPECT_EQ(c.call(), "the_call");
+  EXPECT_STREQ(c.file(), "file.cpp");
+  EXPECT_EQ(c.line(), 7);
+  EXPECT_STREQ(c.what(), e.what());
+  EXPECT_NE(std::string(c.what()).find("the message [in the_call] (file.cpp:7)"), std::string::npos) << c.what();
 }
 
 TEST(CApi, ReportsStatusAndMessage) {

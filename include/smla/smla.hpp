@@ -39,21 +39,25 @@ const char* status_name(Status s);
 
 /// The one error type: a status, where it was raised, the failing call if any, and a message a
 /// user can act on.
+/// Copying one never throws (as the standard exceptions): the message and the call are shared, not copied, so a
+/// catch by value or std::exception_ptr cannot end in std::terminate for want of memory.
 class Error : public std::runtime_error {
  public:
   Error(Status status, std::string message, const char* file = "", int line = 0, std::string call = "");
-  Status status() const { return status_; }
-  const std::string& message() const { return message_; }
-  const char* file() const { return file_; }
-  int line() const { return line_; }
-  const std::string& call() const { return call_; }
+  Status status() const noexcept { return status_; }
+  const std::string& message() const noexcept { return parts_->message; }
+  const char* file() const noexcept { return file_; }
+  int line() const noexcept { return line_; }
+  const std::string& call() const noexcept { return parts_->call; }
 
  private:
+  struct Parts {
+    std::string message, call;
+  };
   Status status_;
-  std::string message_;
+  std::shared_ptr<const Parts> parts_;
   const char* file_;
   int line_;
-  std::string call_;
 };
 
 enum class BackendKind : int { Auto = 0, Cpu = 1, Cuda = 2, Hip = 3 };
