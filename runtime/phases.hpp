@@ -4,6 +4,7 @@
 // (CUDA, HIP) owns, per phase, which kernel(s) to launch and their geometry. The CPU backend runs
 // the same steps with plain C++ functions of the same names (runtime/cpu/).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -72,6 +73,9 @@ struct KernelSpec {
   /// A persistent kernel: grid.x counts its blocks of work, which each launched block takes in turn (blockIdx.x,
   /// + gridDim.x, ...); the backend launches min(grid.x, the device's SMs) blocks, one resident an SM.
   bool persistent = false;
+  /// A library kernel's scratch (rocPRIM's sort on AMD): the bytes the plan reserved for it in the workspace
+  /// (ShapeInfo::csr_sort_temp_bytes), which the launch hands the library as they are, asking it nothing at run().
+  size_t scratch_bytes = 0;
 };
 
 // ---- helpers for the backend families' spec tables (runtime/cuda, runtime/hip)

@@ -124,12 +124,18 @@ TEST(HipKernelSpecs, EveryPlannerShapeIsSupportedWithSaneGeometry) {
 TEST(HipKernelSpecs, CsrIsKeysThenRocprimThenRowptr) {
   Problem p;
   p.T = 300, p.H = 64, p.topk = 512, p.num_kv = 70000;
-  const std::vector<KernelSpec> ks = hip_phase_kernels(Phase::Csr, choose_shape(p, runtime_env().interm_budget));
+  ShapeInfo s = choose_shape(p, runtime_env().interm_budget);
+  s.csr_sort_temp_bytes = 123457;  // what plan() sized the csr_hist region to
+  const std::vector<KernelSpec> ks = hip_phase_kernels(Phase::Csr, s);
   ASSERT_EQ(ks.size(), 3u);
   EXPECT_EQ(ks[0].entry, "smla_csr_keys");
   EXPECT_TRUE(hip_is_library_kernel(ks[1]));
   EXPECT_EQ(ks[1].stem, kRocprimStem);
   EXPECT_EQ(ks[1].entry, "radix_sort_pairs");
+  // The sort is told the plan's region, not a size asked of rocPRIM again at every run().
+  EXPECT_EQ(ks[1].scratch_bytes, 123457u);
+  EXPECT_EQ(ks[0].scratch_bytes, 0u);
+  EXPECT_EQ(ks[2].scratch_bytes, 0u);
   EXPECT_EQ(ks[2].entry, "smla_csr_rowptr");
   // keys: one thread per item; rowptr: one per position 0..n
   EXPECT_GE(long(ks[0].grid.x) * ks[0].block.x, 300L * 512);

@@ -1,6 +1,8 @@
 // hip_backend.cpp: see hip_backend.hpp.
 #include "hip_backend.hpp"
 
+#include <unistd.h>
+
 #include "hip_api.hpp"
 #include "kernels_hip.hpp"
 #include "rocprim_sort.hpp"
@@ -10,12 +12,15 @@ namespace {
 
 class HipKernel : public LoadedKernel {
  public:
-  HipKernel(const Api& api, int device) : api_(api), device_(device) {}
+  HipKernel(const Api& api, int device) : api_(api), device_(device), pid_(::getpid()) {}
   ~HipKernel() override {
-    if (module_) api_.hipModuleUnload(module_);  // nothing to report from a destructor
+    // Not in a child forked after the module was loaded (a plan destroyed there, e.g. at a fork worker's exit): the
+    // HIP runtime is not to be called in such a child, as CUDA's ~CudaKernel does not call the driver there.
+    if (module_ && ::getpid() == pid_) api_.hipModuleUnload(module_);  // nothing to report from a destructor
   }
   const Api& api_;
   int device_;
+  pid_t pid_;  // the process that loaded the module
   hipModule_t module_ = nullptr;
   hipFunction_t fn_ = nullptr;
 };
@@ -147,13 +152,17 @@ void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const Sm
   if (const auto* rk = dynamic_cast<const RocprimKernel*>(&lk)) {
     // Stable sort of the chunk's (key, slot) pairs from buffer 1 - csr_final (smla_csr_keys
     // wrote it) into buffer csr_final, where rowptr and gather read; csr_hist is rocPRIM's
-    // temporary storage, sized by the plan as at least temp_bytes(n, 0, end_bit).
+    // temporary storage, sized by the plan as temp_bytes(chunk_items, 0, end_bit) with its device current
+    // (a chunk sorts at most chunk_items pairs). That size is what the sort is told: nothing is asked of
+    // rocPRIM here, on run()'s path, and the sort cannot believe it owns more than the plan reserved.
+    if (spec.scratch_bytes == 0)
+      throw Error(Status::Internal, "the csr sort's launch carries no scratch size (csr_sort_temp_bytes unset)",
+                  __FILE__, __LINE__, "rocprim::radix_sort_pairs");
     DeviceScope use(rk->api_, rk->device_);
     const int n = p.T * p.r_chunk, in = 1 - p.csr_final, out = p.csr_final;
     const int end_bit = radix_bits_for(p.num_kv);
-    const size_t temp = rk->sort_->temp_bytes(n, 0, end_bit);
-    rk->sort_->sort_pairs(p.csr_hist, temp, p.csr_keys[in], p.csr_keys[out], p.csr_vals[in], p.csr_vals[out], n, 0,
-                          end_bit, stream);
+    rk->sort_->sort_pairs(p.csr_hist, spec.scratch_bytes, p.csr_keys[in], p.csr_keys[out], p.csr_vals[in],
+                          p.csr_vals[out], n, 0, end_bit, stream);
     return;
   }
   const auto& k = static_cast<const HipKernel&>(lk);

@@ -105,6 +105,7 @@ std::vector<KernelSpec> build_phase_kernels(Phase phase, const ShapeInfo& s) {
       KernelSpec sort;
       sort.stem = kRocprimStem;
       sort.entry = "radix_sort_pairs";  // geometry is rocPRIM's own
+      sort.scratch_bytes = s.csr_sort_temp_bytes;  // the csr_hist region plan() sized (0 where nobody sized it)
       return {make_spec("csr", "smla_csr_keys", d, grid_xy(ceil_div(items, kSmallThreads)), kSmallThreads), sort,
               make_spec("csr", "smla_csr_rowptr", d, grid_xy(ceil_div(items + 1, kSmallThreads)), kSmallThreads)};
     }
