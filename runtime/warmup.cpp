@@ -3,6 +3,8 @@
 #include "warmup.hpp"
 
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -125,6 +127,32 @@ std::vector<std::string> present_targets(std::string* why) {
 
 namespace {
 
+// A file system that refuses new entries whatever the permissions say: root passes access(W_OK) everywhere, on a
+// read-only mount and on the kernel's own file systems (/proc, /sys...) too, where a warm-up then fails. "" if none.
+std::string refuses_new_entries(const std::string& d) {
+  struct statvfs v {};
+  if (::statvfs(d.c_str(), &v) == 0 && (v.f_flag & ST_RDONLY)) return "is on a read-only file system";
+  struct statfs f {};
+  if (::statfs(d.c_str(), &f) != 0) return "";
+  switch (static_cast<unsigned long>(f.f_type)) {
+    case 0x9fa0:      // proc
+    case 0x62656572:  // sysfs
+    case 0x27e0eb:    // cgroup
+    case 0x63677270:  // cgroup2
+    case 0x64626720:  // debugfs
+    case 0x74726163:  // tracefs
+    case 0x73636673:  // securityfs
+    case 0x62656570:  // configfs
+    case 0xcafe4a11:  // bpf
+    case 0x6165676c:  // pstore
+    case 0x1cd1:      // devpts
+    case 0xde5e81e4:  // efivarfs
+      return "is on a kernel pseudo file system, where nothing can be made";
+    default:
+      return "";
+  }
+}
+
 // What would keep a warm-up from writing `dir`, checked without writing (a dry run): "" when it is a directory this
 // process may write, or absent below one it may.
 std::string out_dir_problem(const std::string& dir) {
@@ -135,6 +163,7 @@ std::string out_dir_problem(const std::string& dir) {
       if (!S_ISDIR(st.st_mode)) return (first ? d : "its parent " + d) + " is not a directory";
       if (::access(d.c_str(), W_OK | X_OK) != 0)
         return (first ? d : "its parent " + d) + " is not writable: " + std::strerror(errno);
+      if (std::string why = refuses_new_entries(d); !why.empty()) return (first ? d : "its parent " + d) + " " + why;
       return "";
     }
     if (errno != ENOENT && errno != ENOTDIR) return "cannot stat " + d + ": " + std::strerror(errno);

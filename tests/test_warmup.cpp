@@ -687,6 +687,14 @@ TEST(WarmupTool, ARunThatFailsIs1AndAUsageError2) {
   r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + file, scratch);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("(" + file + " is not a directory)"), std::string::npos) << r.err;
+  // Nor may it pass an --out where nothing can be made, though access() says root may write there (it did: exit 0).
+  for (const std::string pseudo : {"/proc/smla-aot", "/sys/kernel/smla-aot"}) {
+    if (!fs::is_directory(fs::path(pseudo).parent_path())) continue;
+    r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + pseudo, scratch);
+    EXPECT_EQ(r.code, 1) << pseudo << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("cannot write the warm-up output directory " + pseudo + " (its parent "), std::string::npos)
+        << r.err;
+  }
   r = warmup_tool("--arch sm_80 --shape 64,16,80,32 --dry-run --out " + scratch.path + "/new/deeper/aot", scratch);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_FALSE(fs::exists(scratch.path + "/new")) << "a dry run made the output directory";
