@@ -3,7 +3,11 @@
 // (and the per-device / NCCL cases without two).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -13,6 +17,7 @@
 #include "tools/case_runner.hpp"
 
 namespace smla {
+namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t D = 512;
@@ -280,6 +285,25 @@ TEST(MultiRuntimeCuda, APlanForAnotherDeviceKeepsTheCallersContextAndRefusesItsM
   }
   SMLA_CU(cuda::driver().CtxSetCurrent(ctx0));  // on0 frees in its own context
   expect_reference(p, in, out);
+}
+
+// The sequence-parallel tool on CUDA, one process a rank: each rank's tensors on its own GPU. They were all on device
+// 0 (the runner took device 0's context; the reducer's is current only inside its calls), and rank 1's plan, for
+// device 1, refused them.
+TEST(MultiDeviceCuda, TheSeqparToolRunsEachRankOnItsGpu) {
+  const int n = cuda_devices();
+  if (n < 2) GTEST_SKIP() << "needs two CUDA devices, found " << n;
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  const std::string exe = (fs::read_symlink("/proc/self/exe").parent_path() / "smla-seqpar").string();
+  std::string out;
+  FILE* f = ::popen((exe + " --backend cuda --ranks 2 --check --shape 301,64,700,256 2>&1").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char buf[4096];
+  for (size_t k; (k = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, k);
+  const int st = ::pclose(f);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 0) << out;
 }
 
 }  // namespace

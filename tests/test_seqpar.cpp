@@ -418,7 +418,7 @@ TEST(Nccl, OneRankOnOneGpuIsTheIdentity) {
   if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
   std::string why;
   if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
-  seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);  // makes device 0 current
+  seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);  // device 0, as DeviceBuffer takes
   std::vector<float> host(4099);
   for (size_t i = 0; i < host.size(); ++i) host[i] = std::cos(float(i)) * 3.0f;
   cuda::DeviceBuffer buf(host.size() * 4);

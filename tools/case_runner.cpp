@@ -14,7 +14,9 @@ namespace smla::tools {
 CaseRunner::CaseRunner(const Problem& p, const ref::Inputs& in, const std::vector<float>* lse, Layout layout)
     : p_(p), layout_(layout) {
   device_ = p.backend == BackendKind::Cuda;
-  if (device_) stream_ = std::make_unique<cuda::Stream>();
+  // Buffers and stream on the plan's device: the thread's context is left there for the runner's later copies (one
+  // already current on that device, the caller's own, is kept).
+  if (device_) cuda::ensure_context_on(p.device), stream_ = std::make_unique<cuda::Stream>();
   const int64_t T = p.T, H = p.H, K = p.num_kv, D = 512;
   const bool st = layout == Layout::Strided;
   // Strided: each tensor its own layout (strides in elements, multiples of 8 for bf16 rows as the API asks).

@@ -297,7 +297,7 @@ std::vector<RankOut> cuda_ranks(const Problem& whole, const ref::Inputs& in, int
       Runtime rt;
       Problem p = whole;
       p.device = r;
-      seqpar::NcclReducer red(id, r, n, r);  // also makes device r current for CaseRunner
+      seqpar::NcclReducer red(id, r, n, r);  // (its context is current only inside its calls: CaseRunner takes p.device)
       RankOut o = run_rank(rt, p, in, r, n, red);
       if (r == 0 && one) o.one = one_rank(rt, p, in);  // only for --check
       const std::string bytes = pack(o);

@@ -2,6 +2,8 @@
 // tools and tests (the library itself never allocates in run()).
 #pragma once
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "cuda_api.hpp"
@@ -23,6 +25,34 @@ inline void ensure_context() {
     return p;
   }();
   SMLA_CU(driver().CtxSetCurrent(primary));
+}
+
+/// Makes `device`'s primary context current unless the current context is already on `device` (a caller's own context
+/// is kept): for a tool whose buffers and stream must be on its plan's device (Problem::device). Each device's primary
+/// context is retained once, never released (like the runtime's).
+inline void ensure_context_on(int device) {
+  CUcontext c = nullptr;
+  SMLA_CU(driver().CtxGetCurrent(&c));
+  if (c) {
+    CUdevice cur = 0;
+    SMLA_CU(driver().CtxGetDevice(&cur));
+    if (cur == device) return;
+  }
+  static std::mutex mu;
+  static std::map<int, CUcontext> primary;
+  CUcontext p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = primary.find(device);
+    if (it == primary.end()) {
+      CUdevice dev = 0;
+      SMLA_CU(driver().DeviceGet(&dev, device));
+      SMLA_CU(driver().DevicePrimaryCtxRetain(&p, dev));
+      it = primary.emplace(device, p).first;
+    }
+    p = it->second;
+  }
+  SMLA_CU(driver().CtxSetCurrent(p));
 }
 
 class DeviceBuffer {
