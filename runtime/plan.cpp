@@ -280,7 +280,7 @@ SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
   p.pass = st.spec.pass;
   if (st.t_count) {
     // A token chunk: its tokens are the kernels' 0..t_count-1. The per-token tensors and workspace rows start at
-    // t_start; ds, pm, interm and csr hold one chunk and dkv is over every token, so they stay.
+    // t_start; ds, pm, interm, csr and dq_acc hold one chunk and dkv is over every token, so they stay.
     const long long t0 = st.t_start, H = shape_.H;
     p.T = st.t_count;
     p.q += t0 * p.q_st;
@@ -291,7 +291,6 @@ SmlaParams PlanImpl::step_params(size_t i, const SmlaParams& base) const {
     p.topk += t0 * p.topk_st;
     p.delta += t0 * H;
     p.lse_n += t0 * H;
-    if (p.dq_acc) p.dq_acc += t0 * H * SMLA_D;
   }
   return p;
 }

@@ -23,7 +23,10 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   const size_t items = static_cast<size_t>(s.chunk_items());  // one chunk's slots
   put(w.delta, T * H * sizeof(float));
   put(w.lse_n, T * H * sizeof(float));
-  put(w.dq_acc, s.n_chunks > 1 ? T * H * D * sizeof(float) : 0);
+  // dQ's carry across top-k chunks, for one token chunk: the token chunks run one after another on one stream (dq never
+  // leaves it) and a chunk's carry is dead after its last top-k chunk, so the next token chunk reuses the rows.
+  const size_t carry_tokens = s.t_chunk > 0 ? static_cast<size_t>(s.t_chunk) : T;
+  put(w.dq_acc, s.n_chunks > 1 ? carry_tokens * H * D * sizeof(float) : 0);
   // P and dS reach memory only for dkv_interm: with dkv_impl 4 on sm_90a the dq body writes interm itself.
   const size_t pds_items = s.fused_dkv() ? 0 : items;
   put(w.ds, pds_items * H * sizeof(smla_bf16));

@@ -337,7 +337,9 @@ TEST(Planner, TokenChunksEachRunEveryTopkChunk) {
   EXPECT_EQ(w.csr_vals0.bytes, size_t(1000) * 256 * 4);
   EXPECT_EQ(w.delta.bytes, size_t(2500) * p.H * 4);
   EXPECT_GT(w.dkv_acc.bytes, 0u);
-  EXPECT_EQ(w.dq_acc.bytes, size_t(2500) * p.H * 512 * 4);
+  // dQ's carry is one token chunk's: the chunks run in turn, each done with it before the next (1 GiB more at the
+  // seed with t_chunk 64 and r_chunk 256 when it was the whole T's).
+  EXPECT_EQ(w.dq_acc.bytes, size_t(1000) * p.H * 512 * 4);
   p.r_chunk = 0;
   const WorkspaceLayout one_topk = layout_workspace(choose_shape(p, size_t(4) << 30));
   EXPECT_EQ(one_topk.dq_acc.bytes, 0u);  // token chunks alone carry no dQ
