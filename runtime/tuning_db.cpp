@@ -27,6 +27,7 @@
 #include "planner.hpp"
 #include "relative_path.hpp"  // parent_dir
 #include "sources.hpp"
+#include "writable_dir.hpp"
 
 namespace smla {
 
@@ -625,7 +626,17 @@ bool refuse_or_keep_aside(Parsed parsed, const std::string& path, const std::str
 
 void TuningDb::check_store() const {
   refuse_unprivate_dir();
+  if (!path_.empty() && path_.back() == '/')  // (open() of an absent "dir/" is ENOENT, as of an absent file)
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " names a directory (it ends in '/'), not a file (set "
+                                        "SMLA_TUNING_DB to a file path, e.g. " + path_ + "tuning.json)");
   refuse_non_file(path_);
+  // The directory the store writes the file, its temp copy and its lock in: made if absent, so its nearest existing
+  // ancestor must take new entries. Asked here, before minutes of tuning, not found out by the store at their end.
+  const std::string real = real_path(path_);
+  const std::string dir = parent_dir(real.empty() ? path_ : real);
+  if (std::string why = dir_write_problem(dir); !why.empty())
+    SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " cannot be written: " + why +
+                                        " (set SMLA_TUNING_DB or --tuning-db to a writable path)");
   json entries;
   std::string why;
   refuse_or_keep_aside(read_db(path_, &entries, &why), path_, why);  // (open() follows a link as store() does)

@@ -131,7 +131,8 @@ class TuningDb {
   /// writer held it past the lock timeout (SMLA_TUNING_DB_LOCK_TIMEOUT_S, read at construction).
   void store(const std::string& device_class, const Problem& p, const TuningEntry& e);
   /// Throws what store() would about the file itself (a directory or not a regular file, unreadable, not a tuning
-  /// database, a newer schema), writing nothing and taking no lock: smla-tune asks before minutes of tuning.
+  /// database, a newer schema) and its directory (one that cannot take new files, or be made), writing nothing and
+  /// taking no lock: smla-tune asks before minutes of tuning.
   void check_store() const;
 
   const std::string& path() const { return path_; }

@@ -613,6 +613,31 @@ TEST(TuningDb, UnwritableLocationThrowsNamingThePath) {
   }
 }
 
+// check_store(), asked by smla-tune before a sweep, refuses what the store at the sweep's end would fail on: a
+// directory that cannot take files (it passed, and the sweep's results were lost at the store), and a path ending in
+// '/' (an absent "newdir/" read as an absent file; the store then made newdir/ and its lock and failed). It makes
+// nothing; a path whose directories are still to be made, below a writable one, passes.
+TEST(TuningDb, CheckStoreRefusesADirectoryItCouldNotWriteBeforeTheSweep) {
+  TempDir d;
+  auto refused = [](const std::string& path, const std::string& says) {
+    try {
+      TuningDb(path, "v1").check_store();
+      return "check_store passed " + path;
+    } catch (const Error& e) {
+      if (e.status() != Status::InvalidArgument) return "status " + std::string(status_name(e.status()));
+      return e.message().find(says) == std::string::npos ? "message: " + e.message() : std::string();
+    }
+  };
+  EXPECT_EQ(refused("/proc/smla-no-such-dir/tuning.json", "cannot be written: its parent /proc "), "");
+  EXPECT_EQ(refused(d.path + "/newdir/", "names a directory (it ends in '/')"), "");
+  EXPECT_FALSE(fs::exists(d.path + "/newdir")) << "check_store made the directory";
+  const std::string file = d.path + "/a-file";
+  std::ofstream(file) << "x";
+  EXPECT_EQ(refused(file + "/tuning.json", "cannot be written: " + file + " is not a directory"), "");
+  EXPECT_NO_THROW(TuningDb(d.path + "/x/y/tuning.json", "v1").check_store());
+  EXPECT_FALSE(fs::exists(d.path + "/x")) << "check_store made the directories";
+}
+
 // Entries that parse as JSON but are not a config smla-tune could have measured are ignored with one warning each,
 // so plan() falls back to the heuristic instead of throwing about Problem::r_chunk, which the user never set; and no
 // integer is truncated into range (4294967312 read as 16 by get<int>()).
