@@ -54,7 +54,7 @@ int print_backends(bool json) {
       std::printf("%-5s usable=%d can_compile=%d  %s\n", b.name.c_str(), b.usable ? 1 : 0, b.can_compile ? 1 : 0,
                   b.detail.c_str());
   }
-  if (json) std::printf("%s\n", nlohmann::json{{"backends", all}}.dump().c_str());
+  if (json) std::printf("%s\n", smla::tools::json_text(nlohmann::json{{"backends", all}}).c_str());
   return 0;
 }
 
@@ -346,7 +346,7 @@ int run(const Options& o) {
       pass = pass && c.pass;
     }
     if (o.json) {
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", smla::tools::json_text(j).c_str());
     } else {
       std::printf("smla %s (%s) T=%lld H=%lld num_kv=%lld topk=%lld r_chunk=%lld t_chunk=%lld%s %s: %.3f ms, %.3g TFLOP/s "
                   "(median of %d rounds of %d; %s config; plan %.1f ms, %d compiled, %d from disk; second plan "

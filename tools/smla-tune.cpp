@@ -390,7 +390,7 @@ int run(const Options& o) {
     ok = ok && !j.contains("error");
     all.push_back(j);
   }
-  if (o.json) std::printf("%s\n", nlohmann::json{{"problems", all}}.dump().c_str());
+  if (o.json) std::printf("%s\n", smla::tools::json_text(nlohmann::json{{"problems", all}}).c_str());
   return ok ? 0 : 1;
 }
 

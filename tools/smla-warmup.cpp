@@ -147,7 +147,7 @@ int warm(const Options& o, Request& q) {
       j["kernels"].push_back(k);
     }
     // Paths and compiler messages need not be UTF-8: replaced, not thrown on after the work is done.
-    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", smla::tools::json_text(j).c_str());
   } else {
     if (o.dry_run) {
       std::printf("%-24s %-12s %-8s %s\n", "target", "kernel", "state", "cache entry (entry points)");

@@ -8,12 +8,20 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_parse.hpp"  // beside this file: flush_stdout
 #include "runtime/check.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
 
 namespace smla::tools {
+
+/// A tool's JSON output: a path or message that is not UTF-8 (a library path from the environment, a file name) is
+/// written with U+FFFD in its place; the strict dump threw after the work was done, leaving no output and exit 2.
+inline std::string json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 /// The one problem of a tool's --shape (smla-bench, smla-seqpar): parse_shape_spec's syntax and its errors, one
 /// problem (no ranges; R_CHUNK has its own option). Sets p's T, H, num_kv and topk; the rest of p stays.
