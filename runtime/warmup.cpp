@@ -358,13 +358,17 @@ namespace {
                                           "A:B:*F, optionally NAME=..., e.g. T=4096:16384:4096,128,5120,512)");
 }
 
+// Decimal digits with at most a leading '-', as the tools' integer options (stoll also took leading blanks and '+').
 int64_t parse_int(const std::string& s, const std::string& spec) {
+  const size_t digits = s.find_first_not_of('-') == 1 ? 1 : 0;
   size_t used = 0;
   long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  if (s.size() > digits && s.find_first_not_of("0123456789", digits) == std::string::npos) {
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
   }
   if (s.empty() || used != s.size()) bad_spec(spec, "'" + s + "' is not an integer");
   return v;
@@ -373,6 +377,7 @@ int64_t parse_int(const std::string& s, const std::string& spec) {
 constexpr size_t kMaxProblems = 100000;  // a typo in a range should not plan forever
 
 std::vector<int64_t> parse_values(const std::string& field, const std::string& spec) {
+  if (field.empty()) bad_spec(spec, "an empty field");
   std::vector<std::string> parts;
   std::stringstream ss(field);
   for (std::string s; std::getline(ss, s, ':');) parts.push_back(s);
@@ -427,6 +432,9 @@ std::vector<Problem> parse_shape_spec(const std::string& spec_text) {
   std::vector<std::string> fields;
   std::stringstream ss(spec_text);
   for (std::string f; std::getline(ss, f, ',');) fields.push_back(f);
+  // A trailing comma is an empty last field (getline drops it): "...,512,$RC" with RC unset is a mistake to say, not
+  // R_CHUNK left to the planner.
+  if (!spec_text.empty() && spec_text.back() == ',') fields.push_back("");
   if (fields.empty() || fields.size() > 5) bad_spec(spec, std::to_string(fields.size()) + " fields");
   for (size_t i = 0; i < fields.size(); ++i) {
     std::string f = fields[i];

@@ -503,6 +503,14 @@ TEST(ShapeSpec, ErrorsSayWhatIsWrong) {
       {"T=1,T=2,128,5120", "T given twice"},
       {"1,2,3,4,5,6", "6 fields"},
       {"", "0 fields"},
+      // a trailing comma (",$RC" with RC unset) was R_CHUNK left to the planner; a blank or a '+' was taken by stoll
+      {"4096,128,5120,512,", "an empty field"},
+      {"4096,128,5120,", "an empty field"},
+      {"4096,,5120,512", "an empty field"},
+      {" 4096,128,5120,512", "' 4096' is not an integer"},
+      {"4096,128,5120,+512", "'+512' is not an integer"},
+      {"4096,128,5120,512:1024: 256", "' 256' is not an integer"},
+      {"--4096,128,5120,512", "'--4096' is not an integer"},
   };
   for (const auto& [spec, why] : bad) {
     try {
