@@ -196,6 +196,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     // seen on this target are skipped before rendering.
     std::map<std::string, size_t> seen;
     auto add_shape = [&](const ShapeInfo& s) {
+      check_chunk_count(s);  // what plan() refuses first: too many chunk pairs (a small SMLA_INTERM_BUDGET_BYTES)
       if (!shape_supported(family, s, &why))
         SMLA_THROW(Status::Unsupported, "not supported by the " + family + " kernels: " + why);
       for (const Step& st : order_steps(s, kernels)) {

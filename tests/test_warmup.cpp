@@ -286,6 +286,21 @@ TEST(Warmup, TPolicyNewTReusesTheKernels) {
   EXPECT_EQ(t9000, k9000);
 }
 
+// A problem plan() refuses for its chunk pairs (here: a small interm budget, 100000 token chunks) is a failure of the
+// warm-up, not a list of kernels and exit 0.
+TEST(Warmup, AProblemWithTooManyChunkPairsFailsAsPlanWould) {
+  TempDir scratch;
+  WarmupOptions o = dry_run_options(scratch.path + "/aot");
+  o.interm_budget = 16384;
+  Problem p;
+  p.T = 100000, p.H = 16, p.num_kv = 128, p.topk = 16;
+  const WarmupResult r = warm_kernels({p}, {"sm_90a"}, o);
+  EXPECT_EQ(r.failed, 1);
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("chunk pairs"), std::string::npos) << r.errors[0];
+  EXPECT_TRUE(r.items.empty()) << "its kernels were listed";
+}
+
 // The dkv_interm body: the heuristic on sm_90a lists the wgmma one (H = 128), elsewhere the
 // mma.sync one; a tuned dkv_impl = 1 in the database switches sm_90a's warm-up to mma.sync.
 TEST(Warmup, DkvBodyFollowsTargetAndTunedConfig) {
