@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -355,6 +356,19 @@ std::vector<smla::Problem> gather(const Options& o) {
                             " gives one (R_CHUNK); drop it (the database keeps one entry per problem class)");
     // plan()'s own limit on chunk pairs: refused only on the problem's turn before, after the ones ahead were tuned.
     smla::check_chunk_count(smla::choose_shape(p, smla::runtime_env().interm_budget));
+  }
+  // The database keeps one entry per problem class (T and num_kv by power-of-two bucket): two problems of one class
+  // in a run each reported "stored", and the second's entry silently replaced the first's. (Measuring only, any mix.)
+  if (!o.no_store) {
+    std::map<std::string, const smla::Problem*> seen;
+    for (const smla::Problem& p : out) {
+      const auto [it, fresh] = seen.emplace(smla::tuning_key("", p, ""), &p);
+      if (!fresh)
+        throw smla::Error(smla::Status::InvalidArgument,
+                          smla::describe_problem(*it->second) + " and " + smla::describe_problem(p) +
+                              " share one tuning database entry (T and num_kv are kept by power-of-two bucket): tune "
+                              "one of them, or measure both with --no-store");
+    }
   }
   return out;
 }
