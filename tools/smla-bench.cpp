@@ -326,6 +326,12 @@ int run(const Options& o) {
       std::fprintf(stderr, "smla-bench: %s: the outputs after the timed runs differ from the first (checked) run's\n",
                    c.label().c_str());
     j["inputs_from_file"] = inputs_source.from_file;
+    // What made the inputs and the timing, so that two records say whether they are comparable (out_xxh64 is compared
+    // across processes and builds): the seed, the top-k's kind, the device's class and the warm-up runs.
+    j["seed"] = o.seed;
+    j["topk_kind"] = o.uniform ? "uniform" : "benchmark";
+    j["device_class"] = info.device_class;
+    j["warmup"] = warmup;
     if (cases.size() > 1) j["ratio_to_first"] = ms / cases[0].ms;
     if (g) {
       auto report = [&](const char* name, const smla::ref::Compare& cmp) {
