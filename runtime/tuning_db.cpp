@@ -624,6 +624,14 @@ bool refuse_or_keep_aside(Parsed parsed, const std::string& path, const std::str
 
 }  // namespace
 
+void TuningDb::check_read() const {
+  json entries;
+  std::string why;
+  const Parsed parsed = read_db(path_, &entries, &why);
+  if (parsed == Parsed::Absent) SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + ": no such file");
+  if (parsed != Parsed::Ok) SMLA_THROW(Status::InvalidArgument, "tuning db " + path_ + " " + why + ": no entries read");
+}
+
 void TuningDb::check_store() const {
   refuse_unprivate_dir();
   if (!path_.empty() && path_.back() == '/')  // (open() of an absent "dir/" is ENOENT, as of an absent file)

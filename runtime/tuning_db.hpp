@@ -134,6 +134,9 @@ class TuningDb {
   /// database, a newer schema) and its directory (one that cannot take new files, or be made), writing nothing and
   /// taking no lock: smla-tune asks before minutes of tuning.
   void check_store() const;
+  /// Throws unless the file is a database this smla reads (absent, a directory, unreadable, damaged, foreign, another
+  /// schema: each of which a lookup only warns about, finding nothing): for a database a user named explicitly.
+  void check_read() const;
 
   const std::string& path() const { return path_; }
   const std::string& runtime_version() const { return version_; }

@@ -591,7 +591,17 @@ TEST(WarmupTool, UsageErrors) {
                       scratch.path + "/typo.json",
                   scratch);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--tuning-db " + scratch.path + "/typo.json: no such file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tuning db " + scratch.path + "/typo.json: no such file"), std::string::npos) << r.err;
+  // Nor is a directory or a file that is no tuning database (a warning in the log, none of its configs, exit 0).
+  const std::string notes = scratch.path + "/notes.txt";
+  std::ofstream(notes) << "not a database\n";
+  for (const auto& [db, says] : {std::pair<std::string, std::string>{scratch.path, "is a directory"},
+                                 {notes, "not a tuning database"}}) {
+    r = warmup_tool("--arch sm_90a --shape 64,16,80,32 --dry-run --out " + scratch.path + "/aot --tuning-db " + db,
+                    scratch);
+    EXPECT_EQ(r.code, 2) << db << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("tuning db " + db + " " + says), std::string::npos) << r.err;
+  }
 
   r = warmup_tool("--help", scratch);
   EXPECT_EQ(r.code, 0);

@@ -14,6 +14,7 @@
 #include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
+#include "runtime/tuning_db.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
 
@@ -98,11 +99,9 @@ Request read_request(const Options& o) {
   } else {
     q.w.out_dir = o.out;
   }
-  if (!o.tuning_db.empty()) {  // only read here: a file that is not there is a mistyped path, not an empty database
-    std::error_code ec;
-    if (!std::filesystem::exists(o.tuning_db, ec))
-      throw smla::Error(smla::Status::InvalidArgument, "--tuning-db " + o.tuning_db + ": no such file");
-  }
+  // Only read here: a file that is not there is a mistyped path, not an empty database; one that is no database this
+  // smla reads (a directory, another file, another schema) would warm none of its configs, exit 0 with a log line.
+  if (!o.tuning_db.empty()) smla::TuningDb(o.tuning_db).check_read();
   q.w.jobs = o.jobs;
   q.w.dry_run = o.dry_run;
   q.w.use_tuning_db = !o.no_tuned;
