@@ -61,12 +61,16 @@ PointerInfo CpuBackend::pointer_info(const void* ptr, int) const {
   // Device memory handed to the CPU backend would crash it: ask the driver when smla has opened it (opening it here
   // would initialise CUDA in a CPU-only process, whose forked children could then not use CUDA); device memory the
   // driver was not asked about is not readable from the host, which readable_here finds.
+  // Managed memory, which the driver also types as device memory, is the host's to read as well: taken as host memory
+  // (it was refused once smla had opened the driver, taken before; the same run passed or failed by what ran first).
   const cuda::Driver* d = cuda::driver_if_opened();
   if (d && d->ok && ptr) {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
     unsigned int type = 0;
-    if (d->PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(ptr)) ==
-            CUDA_SUCCESS &&
-        type == CU_MEMORYTYPE_DEVICE)
+    int managed = 0;
+    if (d->PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS &&
+        type == CU_MEMORYTYPE_DEVICE &&
+        !(d->PointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p) == CUDA_SUCCESS && managed))
       return {PointerKind::Device};
   }
   if (ptr && !readable_here(ptr)) return {PointerKind::Unreadable};  // e.g. no usable driver (a symbol missing)

@@ -20,6 +20,7 @@
 
 #include "runtime/cpu_backend.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/cuda/device_memory.hpp"
 #include "runtime/env.hpp"
 #include "runtime/plan_impl.hpp"
 #include "smla/smla.h"
@@ -750,6 +751,28 @@ TEST(Api, UnreadableMemoryIsRefusedByTheCpuBackend) {
   expect_bad_run(BackendKind::Cpu, [none](Tensors& t, size_t&) { t.q = none; },
                  "Tensors::q: expected host memory readable by this process for the cpu backend (device memory?)");
   munmap(none, bytes);
+}
+
+// The CPU backend takes managed memory as host memory (the host may read it) whatever ran before: once smla had opened
+// the driver it asked it, was told "device memory" and refused the run it had taken before. Plain device memory is
+// still refused by name.
+TEST(ApiCuda, TheCpuBackendTakesManagedMemoryAsHostMemory) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr) << "the driver smla opened is not loaded?";
+  using AllocManaged = CUresult (*)(CUdeviceptr*, size_t, unsigned int);
+  const auto alloc_managed = reinterpret_cast<AllocManaged>(dlsym(lib, "cuMemAllocManaged"));
+  ASSERT_NE(alloc_managed, nullptr);
+  cuda::ensure_context_on(0);
+  CUdeviceptr managed = 0;
+  ASSERT_EQ(alloc_managed(&managed, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  cuda::DeviceBuffer device(4096);
+  CpuBackend cpu;
+  EXPECT_NE(cuda::driver_if_opened(), nullptr);
+  EXPECT_EQ(cpu.pointer_info(reinterpret_cast<void*>(managed), 0).kind, PointerKind::Host);
+  EXPECT_EQ(cpu.pointer_info(device.get(), 0).kind, PointerKind::Device);
+  cuda::driver().MemFree(managed);
+  dlclose(lib);
 }
 
 // Only the driver refusing the image itself makes the cache drop a (shared) entry and recompile; out of memory or
