@@ -170,6 +170,14 @@ void backward(const Plan& plan, const Tensors& t, void* workspace, size_t worksp
   SMLA_REQUIRE(t.dkv_stride == 0 || t.dkv_stride == D, Status::InvalidArgument,
                "seqpar::backward reduces dkv as one packed buffer: dkv_stride must be 0 or 512, not " +
                    std::to_string(t.dkv_stride));
+  const bool host_plan = plan.info().backend == "cpu";
+  if (reducer.memory() != Reducer::Memory::Any && (reducer.memory() == Reducer::Memory::Host) != host_plan)
+    SMLA_THROW(Status::InvalidArgument,
+               std::string("seqpar::backward: the reducer sums ") +
+                   (host_plan ? "device memory (NcclReducer)" : "host memory at once (HostReducer)") +
+                   " but the plan runs on the " + plan.info().backend + " backend" +
+                   (host_plan ? ", whose outputs are host memory: use a HostReducer"
+                              : ", whose outputs are device memory written asynchronously: use an NcclReducer"));
   plan.run(t, workspace, workspace_size, stream);
   reducer.all_reduce_sum(static_cast<float*>(t.dkv), size_t(p.num_kv) * D, stream);
   if (p.has_sink) reducer.all_reduce_sum(t.d_sink, size_t(p.H), stream);

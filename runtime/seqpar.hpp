@@ -50,9 +50,15 @@ Tensors rank_view(const Problem& whole, const Tensors& t, TokenRange r);
 /// inputs give the same bits on every call (a fixed reduction order).
 class Reducer {
  public:
+  /// Where the buffers a reducer sums must live: Host (it reads them on the calling thread at once: the CPU backend's
+  /// synchronous runs), Device (a GPU backend's), Any (a reducer of the caller's that does not say).
+  enum class Memory { Any, Host, Device };
   virtual ~Reducer() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// backward() refuses a plan whose backend does not match (a HostReducer over a CUDA plan's dkv dereferenced
+  /// device memory on the host, or read managed memory before the kernels had written it).
+  virtual Memory memory() const { return Memory::Any; }
   /// Every rank calls it with the same `count`, in the same order of calls. `buf` is memory the
   /// rank's backend uses (host for HostReducer, device for NcclReducer); `stream` orders it
   /// after the backward (ignored by HostReducer, whose CPU ranks are synchronous).
@@ -93,6 +99,7 @@ class HostReducer : public Reducer {
   HostReducer(std::shared_ptr<HostGroup> group, int rank);
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
+  Memory memory() const override { return Memory::Host; }
   void all_reduce_sum(float* buf, size_t count, void* stream) override;
 
  private:
@@ -110,6 +117,7 @@ class NcclReducer : public Reducer {
   NcclReducer(const nccl::UniqueId& id, int rank, int nranks, int device, const std::string& library = "");
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
+  Memory memory() const override { return Memory::Device; }
   void all_reduce_sum(float* device_buf, size_t count, void* stream) override;
 
  private:

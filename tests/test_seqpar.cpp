@@ -369,6 +369,46 @@ TEST(SeqparCpu, RejectsAPlanWithBf16Dkv) {
   }
 }
 
+// A reducer of device memory beside a CPU plan (and, on a GPU, a HostReducer beside a CUDA plan: the host then summed
+// device pointers, a segfault, or managed memory before the kernels had written it) is refused before anything runs.
+class DeviceMemoryReducer : public seqpar::Reducer {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Memory memory() const override { return Memory::Device; }
+  void all_reduce_sum(float*, size_t, void*) override { ++calls; }
+  int calls = 0;
+};
+
+void expect_refused_reducer(const Plan& plan, seqpar::Reducer& red, const std::string& says) {
+  try {
+    seqpar::backward(plan, Tensors{}, nullptr, 0, nullptr, red);
+    ADD_FAILURE() << "a reducer of the other memory was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(e.message().find(says), std::string::npos) << e.message();
+  }
+}
+
+TEST(SeqparCpu, RefusesAReducerOfTheOtherMemory) {
+  Problem whole = cpu_problem(8, 16, 8, 32, false);
+  whole.dkv_fp32 = true;
+  auto plan = runtime().plan(whole);
+  DeviceMemoryReducer red;
+  expect_refused_reducer(*plan, red, "the plan runs on the cpu backend, whose outputs are host memory");
+  EXPECT_EQ(red.calls, 0);
+}
+
+TEST(SeqparCuda, RefusesAHostReducerBesideACudaPlan) {
+  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  Problem whole = cpu_problem(8, 16, 8, 32, false);
+  whole.dkv_fp32 = true, whole.backend = BackendKind::Cuda;
+  auto plan = runtime().plan(whole);
+  auto group = std::make_shared<seqpar::HostGroup>(1);
+  seqpar::HostReducer red(group, 0);
+  expect_refused_reducer(*plan, red, "whose outputs are device memory written asynchronously: use an NcclReducer");
+}
+
 // ---- NCCL
 
 TEST(Nccl, MissingLibraryIsAClearError) {
