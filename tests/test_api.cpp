@@ -889,6 +889,21 @@ TEST(ApiCuda, AStreamOfAnotherContextIsNamedByRun) {
   }
   EXPECT_EQ(current_context(), callers) << "run() left another context current";
   SMLA_CU(cuda::driver().CtxSetCurrent(other));
+  // The default stream with that context current means its stream: refused too (it ran in the primary context,
+  // unordered with the caller's work there), and the caller's context left current.
+  for (CUstream dflt : {CUstream(nullptr), CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
+    try {
+      plan->run(cr.tensors(), ws, cr.workspace_size(), dflt);
+      ADD_FAILURE() << "run() took the default stream of another context";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("run() was given the default stream (null, legacy or per-thread) while a "
+                                           "context of CUDA device 0 other than its primary context is current"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(current_context(), other) << "run() left another context current";
+  }
   SMLA_CU(cuda::driver().StreamDestroy(theirs));
   SMLA_CU(cuda::driver().CtxSetCurrent(callers));
   SMLA_CU(destroy(other));

@@ -107,6 +107,8 @@ class ContextScope {
   }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
+  /// The context that was current before (put back at the end of the scope).
+  CUcontext previous() const { return prev_; }
 
  private:
   CUcontext prev_ = nullptr;
