@@ -468,8 +468,8 @@ std::vector<EntryInfo> DiskCache::list() const {
       // For the listing only (verify judges the entry): a field of another type reads as empty (json::value threw
       // on it, and the tool's list, verify and export aborted on one damaged manifest).
       auto text = [&j](const char* k) {
-        const auto it = j.find(k);
-        return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+        const std::string* v = string_field(j, k);
+        return v ? *v : std::string();
       };
       if (j.is_object()) e.tag = text("tag"), e.target = text("target"), e.compiler_id = text("compiler_id");
     }

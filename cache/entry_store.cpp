@@ -51,11 +51,12 @@ std::string random_hex() {
   return buf;
 }
 
-// Fields of a manifest read defensively: a wrong type is a corrupt entry, not an exception.
+// Fields of a manifest read defensively: a wrong type is a corrupt entry (thrown here, caught by load_entry), not
+// json's type_error.
 std::string str(const nlohmann::json& j, const char* k) {
-  auto it = j.find(k);
-  if (it == j.end() || !it->is_string()) throw std::runtime_error(std::string("field ") + k);
-  return it->get<std::string>();
+  const std::string* v = string_field(j, k);
+  if (!v) throw std::runtime_error(std::string("field ") + k);
+  return *v;
 }
 int64_t num(const nlohmann::json& j, const char* k) {
   auto it = j.find(k);
@@ -64,6 +65,11 @@ int64_t num(const nlohmann::json& j, const char* k) {
 }
 
 }  // namespace
+
+const std::string* string_field(const nlohmann::json& j, const char* k) {
+  const auto it = j.find(k);
+  return it != j.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+}
 
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
                 std::string* err, int* err_no) {

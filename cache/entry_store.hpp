@@ -115,6 +115,9 @@ struct Loaded {
 /// checksum, binary non-empty).
 Loaded load_entry(const std::string& entry_dir, const std::string& digest);
 
+/// A manifest's string field `k`, or null when it is absent or of another type (`j` need not be an object).
+const std::string* string_field(const nlohmann::json& j, const char* k);
+
 nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutput& out);
 
 /// Stages source, binary and manifest, fsyncs them and the directory, renames into place.

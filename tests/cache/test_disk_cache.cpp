@@ -137,13 +137,6 @@ TEST(DiskCache, DisabledKeepsKernelsInMemory) {
   EXPECT_FALSE(fs::exists(t / "cache"));
 }
 
-// Total bytes of the entries, as the cache counts them.
-static int64_t total_bytes(DiskCache& c) {
-  int64_t n = 0;
-  for (const auto& e : c.list()) n += e.bytes;
-  return n;
-}
-
 TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
   TempDir t;
   FakeCompiler c;

@@ -211,8 +211,7 @@ TEST(SharedCache, OthersEntriesWeCannotRemoveDoNotEvictOurs) {
               ::chmod((t / "cache/.staging").c_str(), 0777);
               return std::string();
             }), "");
-  int64_t one = 0;
-  for (const auto& e : DiskCache(s).list()) one = std::max(one, e.bytes);
+  const int64_t one = fake_entry_bytes(t);  // each of alice's "aN" entries
   ASSERT_GT(one, 0);
   EXPECT_EQ(run_as(bob, group, [&] {
               std::string r;

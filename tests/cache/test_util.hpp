@@ -94,16 +94,21 @@ inline Settings settings_for(const TempDir& t, const std::string& sub = "cache")
   return s;
 }
 
-/// The bytes of one fake entry as the cache counts them (every fields("kN") entry has the same size: same-length
-/// names and payloads), measured in a cache of its own under `t`.
+/// Total bytes of the entries, as the cache counts them.
+inline int64_t total_bytes(const DiskCache& c) {
+  int64_t n = 0;
+  for (const auto& e : c.list()) n += e.bytes;
+  return n;
+}
+
+/// The bytes of one fake entry as the cache counts them (every fields("kN") entry, and any other two-letter name's,
+/// has the same size: same-length names and payloads), measured in a cache of its own under `t`.
 inline int64_t fake_entry_bytes(const TempDir& t) {
   DiskCache probe(settings_for(t, "probe"));
   FakeCompiler c;
   KeyFields f = fields("k0");
   probe.get_or_compile(f, c.fn(f));
-  int64_t n = 0;
-  for (const auto& e : probe.list()) n += e.bytes;
-  return n;
+  return total_bytes(probe);
 }
 
 /// Captures everything logged through smla's logger ("smla" in spdlog's registry, cache/logger.hpp) while alive.
