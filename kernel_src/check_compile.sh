@@ -38,9 +38,6 @@ cat > "$WORK/gen.cpp" <<'CPP'
 #include "runtime/cuda/kernels_cuda.hpp"
 #include "runtime/cuda/nvrtc_options.hpp"
 #include "smla/smla.hpp"
-// The runtime's error.cpp is not linked here; this tool only needs the constructor.
-smla::Error::Error(Status s, std::string m, const char* f, int l, std::string c)
-    : std::runtime_error(m), status_(s), message_(m), file_(f), line_(l), call_(c) {}
 static std::string slurp(const std::string& p) { std::ifstream f(p); std::stringstream s; s << f.rdbuf(); return s.str(); }
 int main(int argc, char** argv) {
   const std::string src = argv[1], out = argv[2], cuda_inc = argv[3];
@@ -97,7 +94,7 @@ int main(int argc, char** argv) {
 }
 CPP
 echo "== generator (runtime/cuda/kernels_cuda.cpp) + NVRTC sm_90a"
-g++ -std=c++17 -O1 -I"$ROOT" -I"$ROOT/include" -I"$CUDA/include" "$WORK/gen.cpp" "$ROOT/runtime/cuda/kernels_cuda.cpp" \
+g++ -std=c++17 -O1 -I"$ROOT" -I"$ROOT/include" -I"$CUDA/include" "$WORK/gen.cpp" "$ROOT/runtime/cuda/kernels_cuda.cpp" "$ROOT/runtime/error.cpp" \
     -L"$CUDA/lib64" -lnvrtc -Wl,-rpath,"$CUDA/lib64" -o "$WORK/gen"
 "$WORK/gen" "$HERE" "$WORK/units" "$CUDA/include" > "$WORK/specs.txt" || { echo "FAIL: generator/NVRTC"; fail=1; }
 sort -u "$WORK/specs.txt" | sed 's/^/   /'
