@@ -4,7 +4,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=build/bin
 export SMLA_CACHE_DIR=/tmp/smla-final-cache
-run() { local t=$1; shift; timeout "$t" "$@" > "$OUT/$(basename $1).log" 2>&1; echo "$(basename $1): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$(basename $1).log" | tr '\n' ' ')"; grep -E "Failure|FAILED  \]" "$OUT/$(basename $1).log" | head -5; }
+# (the status saved first: "$(basename ...)" in the echo reset $?, and every test read rc=0, a crash too)
+run() {
+  local t=$1; shift
+  local n; n=$(basename "$1")
+  timeout "$t" "$@" > "$OUT/$n.log" 2>&1
+  local rc=$?
+  echo "$n: rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$n.log" | tr '\n' ' ')"
+  grep -E "Failure|FAILED  \]" "$OUT/$n.log" | head -5
+}
 rm -rf "$SMLA_CACHE_DIR"
 echo "== cold plan"; SMLA_LOG_LEVEL=info $B/smla-bench --repeat 5 --warmup 2 2> "$OUT/cold.log"; grep compiled "$OUT/cold.log"
 source "$(dirname "$0")/find_cublas.sh"  # SMLA_CUBLAS_LIBRARY for the GEMM rate of --breakdown

@@ -88,6 +88,7 @@ INPUTS=${INPUTS-/tmp/smla-bench-inputs}
 read -ra more_args <<< "${ARGS:-}"
 extra+=("${more_args[@]}")
 start=$SECONDS
+failed=0  # a bench process that failed (a check off the bar, a crash, a timeout): the run's exit status is then 1
 tmp=$(mktemp -d /tmp/src_ab.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT  # this run's writable copies of the caches
 # One smla-bench process of variant $1 (its own cache copy, its own source tree); output in $OUT/$2.log.
@@ -102,7 +103,7 @@ bench() {
   timeout "$STEP" env -u SMLA_KERNEL_SRC_DIR "${envs[@]}" "$exe" "${extra[@]}" "$@" > "$OUT/$log.log" 2>&1
   local rc=$?
   echo $rc > "$OUT/$log.rc"  # for the summary: why a variant has no numbers
-  [ $rc -eq 0 ] || echo "== $log: rc $rc (see $OUT/$log.log)"
+  [ $rc -eq 0 ] || { echo "== $log: rc $rc (see $OUT/$log.log)"; failed=1; }
   return $rc
 }
 # The --check runs (CHECK=1): after the timing rounds, or before them with CHECK_FIRST=1 (so that a run short of
@@ -188,4 +189,5 @@ for v, ms, phases, n, note in rows:
 EOF
 done
 [ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" != 1 ] && checks
-echo "src_ab: $((SECONDS - start)) s"
+echo "src_ab: $((SECONDS - start)) s$([ $failed = 1 ] && echo ", some runs failed (rc above): exit 1")"
+exit $failed
