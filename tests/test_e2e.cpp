@@ -32,6 +32,12 @@ std::vector<Case> cpu_cases() {
       with(small, [](Case& c) { c.neg_inf_sink = true; }),
       with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::Base2Excl; }),
       with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),  // +inf lse, empty token
+      // large logits (std 8 and 32: a softmax near one-hot, lse far from 0), unchunked and with top-k chunks
+      with(small, [](Case& c) { c.logit_gain_log2 = 5; }),
+      with({257, 16, 400, 160, 80, true, K::Benchmark}, [](Case& c) { c.logit_gain_log2 = 7; }),
+      // one kv row (every slot the same row or empty) and the smallest top-k
+      {7, 16, 1, 16, 0, true, K::Uniform},
+      {5, 64, 1, 16, 0, true, K::Uniform},
       {1, 16, 64, 64, 0, true, K::Benchmark},
       {63, 16, 48, 64, 32, false, K::Uniform},          // num_kv < T, chunked
       {257, 16, 400, 160, 80, true, K::Benchmark},       // chunked, window + pool
@@ -70,6 +76,8 @@ std::vector<Case> gpu_cases() {
       with({257, 128, 3000, 1152, 384, true, K::Benchmark}, [](Case& c) { c.strided = true, c.t_chunk = 64; }),
       with({300, 64, 2000, 640, 0, true, K::Benchmark}, [](Case& c) { c.dkv_fp32 = true, c.neg_inf_sink = true; }),
       with({257, 128, 1300, 512, 128, true, K::Uniform}, [](Case& c) { c.dkv_fp32 = true, c.strided = true; }),
+      with({257, 128, 1300, 512, 0, true, K::Benchmark}, [](Case& c) { c.logit_gain_log2 = 6; }),
+      with({300, 64, 2000, 640, 0, true, K::Benchmark}, [](Case& c) { c.logit_gain_log2 = 7; }),
   };
   c.insert(c.end(), more.begin(), more.end());
   return c;
