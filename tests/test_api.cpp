@@ -808,6 +808,16 @@ TEST(CudaBackend, OnlyARefusedImageCountsAsARefusedBinary) {
   EXPECT_FALSE(b_cu.is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
   EXPECT_TRUE(b_cu.is_binary_refusal(driver_error("CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")));
   EXPECT_TRUE(b_cpu.is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
+  // A driver older than the NVRTC: the image is refused, but recompiling gives the same one. Not a refusal of the
+  // binary (a node with an old driver deleted the shared entries the others used), Unsupported, saying what to do.
+  const Error old = cuda::driver_older_than_nvrtc(
+      Error(Status::DriverError, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported "
+                                 "toolchain."),
+      12040, 13, 0);
+  EXPECT_FALSE(b_cu.is_binary_refusal(old)) << old.what();
+  EXPECT_EQ(old.status(), Status::Unsupported);
+  EXPECT_NE(old.message().find("the driver supports CUDA 12.4, older than the NVRTC 13.0"), std::string::npos)
+      << old.message();
 }
 
 CUcontext current_context() {

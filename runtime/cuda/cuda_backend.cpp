@@ -27,6 +27,15 @@ struct CudaKernel : LoadedKernel {
 };
 }  // namespace
 
+Error driver_older_than_nvrtc(const Error& refused, int drv, int maj, int min) {
+  return Error(Status::Unsupported,
+               refused.message() + "; the driver supports CUDA " + std::to_string(drv / 1000) + "." +
+                   std::to_string(drv % 1000 / 10) + ", older than the NVRTC " + std::to_string(maj) + "." +
+                   std::to_string(min) + " that compiled the kernels: update the driver, or set SMLA_LIBNVRTC to an "
+                   "NVRTC no newer than the driver (and SMLA_CUDA_INCLUDE to its headers)",
+               refused.file(), refused.line(), refused.call());
+}
+
 std::string target_for_cc(int major, int minor) {
   if (major < 8)
     SMLA_THROW(Status::Unsupported, "compute capability " + std::to_string(major) + "." + std::to_string(minor) +
@@ -149,17 +158,12 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
     SMLA_CU(driver().ModuleLoadData(&k->module, binary.data()));
   } catch (const Error& e) {
     // A driver older than the NVRTC that compiled the kernels refuses their images: say which versions and what to
-    // change (the message keeps its start, the result's name, that is_binary_refusal reads).
+    // change.
     int drv = 0, maj = 0, min = 0;
     if (!is_binary_refusal(e) || driver().DriverGetVersion(&drv) != CUDA_SUCCESS || !nvrtc().ok ||
         nvrtc().Version(&maj, &min) != NVRTC_SUCCESS || drv >= maj * 1000 + min * 10)
       throw;
-    throw Error(e.status(),
-                e.message() + "; the driver supports CUDA " + std::to_string(drv / 1000) + "." +
-                    std::to_string(drv % 1000 / 10) + ", older than the NVRTC " + std::to_string(maj) + "." +
-                    std::to_string(min) + " that compiled the kernels: update the driver, or set SMLA_LIBNVRTC to an "
-                    "NVRTC no newer than the driver (and SMLA_CUDA_INCLUDE to its headers)",
-                e.file(), e.line(), e.call());
+    throw driver_older_than_nvrtc(e, drv, maj, min);
   }
   SMLA_CU(driver().ModuleGetFunction(&k->fn, k->module, spec.entry.c_str()));
   // A launch spec that drifted from its kernel's __launch_bounds__ fails here, by name, at plan

@@ -143,6 +143,27 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
   return k;
 }
 
+bool hip_is_binary_refusal(const Error& e) {
+  if (e.status() != Status::DriverError || e.call().rfind("hipModuleLoadData(", 0) != 0) return false;
+  // SMLA_HIP_CHECK: "<call> failed: <name> (<text>)", or "hipError <code>" where the runtime could not name it.
+  static const std::pair<int, const char*> refusals[] = {{200, "hipErrorInvalidImage"},
+                                                         {209, "hipErrorNoBinaryForGpu"},
+                                                         {218, "hipErrorInvalidKernelFile"},
+                                                         {300, "hipErrorInvalidSource"},
+                                                         {303, "hipErrorSharedObjectInitFailed"}};
+  const std::string& m = e.message();
+  const size_t at = m.find(" failed: ");
+  if (at == std::string::npos) return false;
+  const std::string what = m.substr(at + 9);
+  for (const auto& [code, name] : refusals)
+    for (const std::string& head : {std::string(name), "hipError " + std::to_string(code)})
+      if (what.compare(0, head.size(), head) == 0 && (what.size() == head.size() || what[head.size()] == ' '))
+        return true;
+  return false;
+}
+
+bool HipBackend::is_binary_refusal(const Error& e) const { return hip_is_binary_refusal(e); }
+
 size_t HipBackend::sort_temp_bytes(const RocprimSort& sort, int device, int n, int end_bit) const {
   DeviceScope use(Api::require(), device);
   return sort.temp_bytes(n, 0, end_bit);

@@ -11,6 +11,10 @@ namespace smla::hip {
 
 class RocprimSort;
 
+/// Whether `e` is hipModuleLoadData refusing a code object (invalid image or kernel file, no code for this processor,
+/// invalid source, the object's initialisation failing): what a recompile may mend. Reads SMLA_HIP_CHECK's message.
+bool hip_is_binary_refusal(const Error& e);
+
 class HipBackend : public Backend {
  public:
   HipBackend();
@@ -31,6 +35,9 @@ class HipBackend : public Backend {
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
   /// With hipStreamGetDevice (ROCm newer than 5.2): a stream of another device is named; without it, nothing.
   std::string foreign_stream(int device, void* stream) const override;
+  /// hipModuleLoadData refusing the image itself (hip_is_binary_refusal); out of memory, an LDS limit, a device that
+  /// cannot be made current are not the cached binary's fault, and its shared entry is kept.
+  bool is_binary_refusal(const Error& e) const override;
   /// The csr sort's temporary bytes for `n` pairs on bits [0, end_bit) as `device` would need them: rocPRIM picks its
   /// configuration by the current device's processor, so this asks with `device` current, as launch() sorts.
   size_t sort_temp_bytes(const RocprimSort& sort, int device, int n, int end_bit) const;

@@ -28,6 +28,30 @@ TEST(HipBackend, NotUsableWithoutAnAmdGpuAndSaysWhy) {
   EXPECT_EQ(why, again);
 }
 
+// Only hipModuleLoadData refusing the code object makes the cache drop a (shared) entry and recompile. Every error of
+// load() counted before (the base class's default): a rank out of GPU memory, or a device over its LDS limit, deleted
+// entries every other rank used, and recompiled them to fail the same.
+TEST(HipBackend, OnlyARefusedCodeObjectCountsAsARefusedBinary) {
+  const std::string load = "hipModuleLoadData(&k->module_, binary.data())";
+  auto err = [&](Status st, const std::string& what, const std::string& call) {
+    return Error(st, call + " failed: " + what, __FILE__, __LINE__, call);
+  };
+  const HipBackend b;
+  const Backend& be = b;
+  for (const char* what : {"hipErrorInvalidImage (invalid kernel image)", "hipErrorNoBinaryForGpu",
+                           "hipErrorInvalidKernelFile (x)", "hipErrorSharedObjectInitFailed (x)", "hipError 200",
+                           "hipError 209"})
+    EXPECT_TRUE(be.is_binary_refusal(err(Status::DriverError, what, load))) << what;
+  for (const char* what : {"hipErrorOutOfMemory (out of memory)", "hipErrorInvalidValue", "hipError 2",
+                           "hipError 2000", "hipErrorInvalidImageX"})
+    EXPECT_FALSE(be.is_binary_refusal(err(Status::DriverError, what, load))) << what;
+  EXPECT_FALSE(be.is_binary_refusal(err(Status::DriverError, "hipErrorInvalidImage", "hipSetDevice(device)")));
+  EXPECT_FALSE(be.is_binary_refusal(err(Status::DriverError, "hipErrorNotFound", "hipModuleGetFunction(&k->fn_)")));
+  EXPECT_FALSE(be.is_binary_refusal(Error(Status::Unsupported, "smla_dq needs 70000 bytes of LDS; device 0 allows "
+                                                               "65536", __FILE__, __LINE__, "hipModuleLaunchKernel")));
+  EXPECT_FALSE(be.is_binary_refusal(err(Status::Internal, "hipErrorInvalidImage", load)));
+}
+
 TEST(HipBackend, PointerKindFollowsTheRuntimesEnum) {
   // ROCm 5 (Host 0, Device 1) vs ROCm 6 (Unregistered 0, Host 1, Device 2, Managed 3).
   EXPECT_EQ(pointer_kind_from(1, 50221153), PointerKind::Device);
