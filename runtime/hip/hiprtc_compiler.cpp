@@ -277,7 +277,7 @@ namespace detail {
 
 ProbeVerdict probe_verdict(const HipWorkerResult& r) {
   if (r.ok) return read_elf(r.result.binary).valid ? ProbeVerdict::Known : ProbeVerdict::Refused;
-  if (r.timed_out) return ProbeVerdict::NoVerdict;
+  if (r.timed_out) return ProbeVerdict::TimedOut;
   // hipRTC reported an error on a one-line kernel: it does not know the target (ROCm >= 6 says so).
   if (r.exit_status == 2) return ProbeVerdict::Refused;
   // hipRTC or its LLVM crashed on it (ROCm 5.x aborts on a processor it does not know).
@@ -318,7 +318,7 @@ ProbeVerdict probe_target(const std::string& target, std::string* why, const std
     return ProbeVerdict::NoVerdict;  // not cached: a worker may appear later (e.g. a path hint)
   }
   const ProbeVerdict v = probe_verdict(r.at(0));
-  if (v == ProbeVerdict::NoVerdict) {  // not cached: the next compile probes again
+  if (v == ProbeVerdict::NoVerdict || v == ProbeVerdict::TimedOut) {  // not cached: the next compile probes again
     if (why) {
       *why = "the hipRTC probe of " + target + " gave no verdict: " + r[0].error;
       if (!r[0].result.log.empty()) *why += "; " + r[0].result.log;
@@ -406,6 +406,11 @@ std::string HipRtcCompiler::base_identity() const {
     const std::string fallback = "gfx90a";
     std::string why;
     const detail::ProbeVerdict v = detail::probe_target(fallback, &why, worker_);
+    // A worker that hung on the probe: hipRTC in this process would hang plan() with no time limit. Said instead (the
+    // identity is asked again by the next plan()).
+    if (v == detail::ProbeVerdict::TimedOut)
+      throw Error(Status::CompileError, "the compiler's identity (part of every AMD cache key) is unknown: " + why,
+                  __FILE__, __LINE__, "hiprtcCompileProgram");
     if (v == detail::ProbeVerdict::Known) {
       std::lock_guard<std::mutex> lk(probes().m);
       bin = probes().any_binary;
@@ -434,9 +439,11 @@ CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::stri
   const Api& api = Api::require();
   const std::string exe = hip_worker_path(worker_);
   if (!exe.empty()) {
-    // A probe that could not run (the worker was killed, timed out) is no verdict: the compile
-    // itself runs in a worker too, so nothing is risked by going on.
-    if (detail::probe_target(target, &why, exe) == detail::ProbeVerdict::Refused)
+    // A probe that could not run (the worker was killed) is no verdict: the compile itself runs in a worker too, so
+    // nothing is risked by going on. One that timed out on a one-line kernel fails the compile at once (it waited a
+    // second timeout behind it, the same hang most likely: 20 minutes a plan() at the default 600 s).
+    const detail::ProbeVerdict v = detail::probe_target(target, &why, exe);
+    if (v == detail::ProbeVerdict::Refused || v == detail::ProbeVerdict::TimedOut)
       throw Error(Status::CompileError, why, __FILE__, __LINE__, "hiprtcCompileProgram");
     if (std::optional<CompileResult> r = compile_in_worker(src, target, exe)) return std::move(*r);
     std::lock_guard<std::mutex> lk(compile_mutex());  // the worker has no hipRTC: here, as without one

@@ -97,12 +97,13 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
                                                          const std::string& worker = "");
 
 namespace detail {
-enum class ProbeVerdict { Known, Refused, NoVerdict };
+enum class ProbeVerdict { Known, Refused, NoVerdict, TimedOut };
 /// What a target probe's worker result says. Known: a valid code object. Refused, a definite no:
 /// hipRTC reported an error on the one-line probe kernel (exit 2), or crashed on it (SIGABRT,
 /// SIGSEGV, SIGBUS, SIGILL, SIGFPE; ROCm 5.x aborts on a processor it does not know), or produced
-/// no valid AMDGPU ELF. NoVerdict: anything else (the worker could not try, was killed by SIGKILL
-/// or SIGTERM, timed out, could not start, its exit status was lost).
+/// no valid AMDGPU ELF. TimedOut: no verdict, the worker stopped at SMLA_HIPRTC_TIMEOUT_S on a one-line kernel
+/// (hipRTC hangs here: a compile behind it, or one in this process, would hang too). NoVerdict: anything else (the
+/// worker could not try, was killed by SIGKILL or SIGTERM, could not start, its exit status was lost).
 ProbeVerdict probe_verdict(const HipWorkerResult& r);
 /// hip_target_known with the verdict; a Refused `why` adds, for gfx950 and gfx942, the ROCm they need.
 ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "");

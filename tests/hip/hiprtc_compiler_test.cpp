@@ -245,7 +245,7 @@ TEST(HipTargetProbe, OnlyADefiniteRefusalIsAVerdictAgainst) {
   EXPECT_EQ(verdict(2, 0), ProbeVerdict::Refused);  // hipRTC's error on a one-line kernel
   for (int sig : {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::Refused) << sig;
   for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP}) EXPECT_EQ(verdict(-1, sig), ProbeVerdict::NoVerdict) << sig;
-  EXPECT_EQ(verdict(-1, SIGKILL, true), ProbeVerdict::NoVerdict);  // timed out
+  EXPECT_EQ(verdict(-1, SIGKILL, true), ProbeVerdict::TimedOut);  // stopped at the time limit: no verdict either
   for (int code : {1, 3, 4, 5, 127}) EXPECT_EQ(verdict(code, 0), ProbeVerdict::NoVerdict) << code;
   EXPECT_EQ(verdict(-1, 0), ProbeVerdict::NoVerdict);  // could not start, status lost
   HipWorkerResult junk;
