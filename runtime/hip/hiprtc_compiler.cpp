@@ -427,6 +427,13 @@ std::string HipRtcCompiler::base_identity() const {
   return id;
 }
 
+CompileResult HipRtcCompiler::compile_with(const RenderedSource& src, const std::string& target,
+                                           const std::vector<std::string>& options) const {
+  const Api& api = Api::require();
+  std::lock_guard<std::mutex> lk(compile_mutex());
+  return compile_locked(api, src, target, options);
+}
+
 CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::string& target) const {
   if (!probe_targets_) {  // the worker: compile here, as asked
     const Api& api = Api::require();
@@ -485,7 +492,8 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
   std::vector<std::string> outputs;
   for (size_t i = 0; i < sources.size(); ++i) {
     std::string base = dir.path() + "/" + std::to_string(i);
-    detail::write_request(base + ".req", sources[i], target);
+    // The options of the key (this library's): the worker compiles with them, whichever build it is.
+    detail::write_request(base + ".req", sources[i], target, HipRtcCompiler(false).options(target));
     argvs.push_back({exe, "--status", base + ".status", "--parent", std::to_string(getpid()), base + ".req",
                      base + ".co", base + ".log"});
     outputs.push_back(base + ".out");
@@ -539,10 +547,14 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
 namespace detail {
 
 // Records are "<decimal length>\n<bytes>", so any byte may appear in a source.
-void write_request(const std::string& path, const RenderedSource& src, const std::string& target) {
+void write_request(const std::string& path, const RenderedSource& src, const std::string& target,
+                   const std::vector<std::string>& options) {
   std::ofstream f(path, std::ios::binary);
   auto rec = [&](const std::string& s) { f << s.size() << '\n' << s; };
+  rec(kRequestFormat);
   rec(target);
+  rec(std::to_string(options.size()));
+  for (const auto& o : options) rec(o);
   rec(src.name);
   rec(src.text);
   rec(std::to_string(src.headers.size()));
@@ -554,16 +566,21 @@ void write_request(const std::string& path, const RenderedSource& src, const std
   if (!f) throw Error(Status::Internal, "cannot write the hipRTC worker request " + path, __FILE__, __LINE__, "write");
 }
 
-bool read_request(const std::string& path, RenderedSource* src, std::string* target) {
+bool read_request(const std::string& path, RenderedSource* src, std::string* target,
+                  std::vector<std::string>* options) {
   std::ifstream f(path, std::ios::binary);
   auto rec = [&](std::string* s) {
     size_t n = 0;
-    if (!(f >> n) || f.get() != '\n') return false;
+    if (!(f >> n) || f.get() != '\n' || n > (size_t(1) << 30)) return false;
     s->resize(n);
     return n == 0 || static_cast<bool>(f.read(&(*s)[0], static_cast<std::streamsize>(n)));
   };
-  std::string count;
-  if (!rec(target) || !rec(&src->name) || !rec(&src->text) || !rec(&count)) return false;
+  std::string format, count;
+  if (!rec(&format) || format != kRequestFormat || !rec(target) || !rec(&count)) return false;
+  options->assign(std::strtoul(count.c_str(), nullptr, 10), std::string());
+  for (auto& o : *options)
+    if (!rec(&o)) return false;
+  if (!rec(&src->name) || !rec(&src->text) || !rec(&count)) return false;
   size_t n = std::strtoul(count.c_str(), nullptr, 10);
   src->headers.resize(n);
   for (auto& h : src->headers)

@@ -71,6 +71,11 @@ class HipRtcCompiler : public RtcCompiler {
   /// processor smla does not support, Status::CompileError carrying the hipRTC log and the path of
   /// the dumped source, or what ended the worker.
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
+  /// The worker's compile: in this process, with the options the parent's cache key holds (its request carries
+  /// them), not this binary's own options(): a worker from another smla build must not store another compile under
+  /// the parent's key.
+  CompileResult compile_with(const RenderedSource& src, const std::string& target,
+                             const std::vector<std::string>& options) const;
 
  private:
   std::string base_identity() const;  // everything but the environment; computed once
@@ -112,9 +117,12 @@ void forget_probes();
 /// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and
 /// non-empty: options hipRTC adds to every compile or link, so part of the compiler identity.
 std::string hiprtc_env_options();
-/// The worker's request file: target, then the RenderedSource, as length-prefixed records.
-void write_request(const std::string& path, const RenderedSource& src, const std::string& target);
-bool read_request(const std::string& path, RenderedSource* src, std::string* target);
+/// The worker's request file, length-prefixed records: kRequestFormat, the target, the options (a count, then each),
+/// then the RenderedSource. read_request() is false on a request of another format (a worker of another smla).
+constexpr const char* kRequestFormat = "smla-hiprtc-request 2";
+void write_request(const std::string& path, const RenderedSource& src, const std::string& target,
+                   const std::vector<std::string>& options);
+bool read_request(const std::string& path, RenderedSource* src, std::string* target, std::vector<std::string>* options);
 }  // namespace detail
 
 }  // namespace smla::hip

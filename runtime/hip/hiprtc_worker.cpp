@@ -58,8 +58,10 @@ bool parse(int argc, char** argv, Args* a) {
 int compile(const Args& a) {
   smla::RenderedSource src;
   std::string target;
-  if (!smla::hip::detail::read_request(a.request, &src, &target)) {
-    std::cerr << "smla-hiprtc-worker: cannot read request " << a.request << "\n";
+  std::vector<std::string> options;
+  if (!smla::hip::detail::read_request(a.request, &src, &target, &options)) {
+    std::cerr << "smla-hiprtc-worker: cannot read request " << a.request << " (not a \""
+              << smla::hip::detail::kRequestFormat << "\" request: a library of another smla version?)\n";
     return 3;
   }
   std::ofstream log(a.log, std::ios::binary);
@@ -71,7 +73,7 @@ int compile(const Args& a) {
   try {
     // The parent probed (or is probing) the target: probing here again would recurse.
     smla::hip::HipRtcCompiler compiler(/*probe_targets=*/false);
-    smla::CompileResult r = compiler.compile(src, target);
+    smla::CompileResult r = compiler.compile_with(src, target, options);
     log << r.log;
     std::ofstream co(a.code_object, std::ios::binary);
     co.write(reinterpret_cast<const char*>(r.binary.data()), static_cast<std::streamsize>(r.binary.size()));

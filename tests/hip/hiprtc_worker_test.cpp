@@ -278,7 +278,7 @@ TEST(HipRtcWorker, ExitsWhenItsParentIsNotTheOneNamed) {
   // The parent may die before the worker arms its death signal: the worker checks it was not re-parented.
   TempDir dir("smla-test");
   const std::string base = dir.path() + "/x";
-  detail::write_request(base + ".req", test::mfma_source("smla_orphan"), "gfx90a");
+  detail::write_request(base + ".req", test::mfma_source("smla_orphan"), "gfx90a", HipRtcCompiler().options("gfx90a"));
   auto st = run_children({{SMLA_HIPRTC_WORKER_PATH, "--parent", "1", base + ".req", base + ".co", base + ".log"}}, 1,
                          {base + ".out"}, 60);
   ASSERT_TRUE(st[0].exited) << st[0].describe();
@@ -331,15 +331,36 @@ TEST(HipRtcWorker, TempDirsNameTheirProcessAndStaleOnesAreRemoved) {
 TEST(HipRtcWorker, RequestRoundTrip) {
   RenderedSource s{"a.hip", std::string("x\n0\n\0binary", 12), {{"h.h", "3\n"}, {"e.h", ""}}};
   std::string path = (std::filesystem::temp_directory_path() / "smla-req-test").string();
-  detail::write_request(path, s, "gfx942:sramecc+:xnack-");
+  const std::vector<std::string> opts = {"--offload-arch=gfx942:sramecc+:xnack-", "-O3", "-std=c++17", ""};
+  detail::write_request(path, s, "gfx942:sramecc+:xnack-", opts);
   RenderedSource back;
   std::string target;
-  ASSERT_TRUE(detail::read_request(path, &back, &target));
+  std::vector<std::string> back_opts;
+  ASSERT_TRUE(detail::read_request(path, &back, &target, &back_opts));
   EXPECT_EQ(target, "gfx942:sramecc+:xnack-");
+  EXPECT_EQ(back_opts, opts);
   EXPECT_EQ(back.name, s.name);
   EXPECT_EQ(back.text, s.text);
   EXPECT_EQ(back.headers, s.headers);
+  // A request of the format before (no format record, no options): refused, not compiled with the worker's options.
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "6\ngfx90a5\na.hip1\nx1\n0";
+  EXPECT_FALSE(detail::read_request(path, &back, &target, &back_opts));
   std::filesystem::remove(path);
+}
+
+// The worker compiles with the options of the parent's key, which its request carries (it used its own build's).
+TEST(HipRtcWorker, TheRequestCarriesTheOptionsOfTheKey) {
+  TempDir dir("smla-test");
+  const std::string copy = dir.path() + "/request-copy";
+  const std::string worker =
+      test::write_script(dir.path(), "smla-hiprtc-worker", "for a; do case $a in *.req) cp \"$a\" " + copy + ";; esac; done; exit 3");
+  (void)hip_compile_in_subprocesses({test::mfma_source("smla_opts")}, "gfx90a", 1, worker);
+  RenderedSource back;
+  std::string target;
+  std::vector<std::string> opts;
+  ASSERT_TRUE(detail::read_request(copy, &back, &target, &opts));
+  EXPECT_EQ(opts, HipRtcCompiler().options("gfx90a"));
+  EXPECT_EQ(target, "gfx90a");
 }
 
 }  // namespace
