@@ -5,13 +5,18 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export SMLA_CACHE_DIR=/tmp/smla-cache SMLA_LOG_LEVEL=info
 B=build/bin
+# Every command's exit status is printed (a failed --check, a crash or a timeout showed nothing).
+rc() { echo "   rc=$1"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 rm -rf "$SMLA_CACHE_DIR"
-echo "== seed shape, cold cache, --check"; $B/smla-bench --check --json 2>"$OUT/cold.log" | tee "$OUT/seed_cold.json"
+echo "== seed shape, cold cache, --check"; $B/smla-bench --check --json 2>"$OUT/cold.log" | tee "$OUT/seed_cold.json"; rc "${PIPESTATUS[0]}"
 grep -E "compiled smla" "$OUT/cold.log" | sed 's/.*smla: //' | tee "$OUT/compile_times.txt"
-echo "== seed shape, fresh process, warm disk cache, breakdown"; $B/smla-bench --breakdown 2>/dev/null | tee "$OUT/seed_breakdown.txt"
+echo "== seed shape, fresh process, warm disk cache, breakdown"; $B/smla-bench --breakdown 2>"$OUT/seed_breakdown.err" | tee "$OUT/seed_breakdown.txt"; rc "${PIPESTATUS[0]}"; cat "$OUT/seed_breakdown.err"
 for s in 4096,128,5120,1024 8192,128,9216,512 4096,64,5120,512 4096,128,5120,1152 4096,64,5120,640 4096,128,4128,160; do
-  $B/smla-bench --shape $s --json 2>/dev/null | tee -a "$OUT/shapes.json"
+  $B/smla-bench --shape "$s" --json 2>>"$OUT/shapes.err" | tee -a "$OUT/shapes.json"; rc "${PIPESTATUS[0]}"
 done
 echo "== tests"
-for t in test_api test_e2e; do timeout 300 $B/$t 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|FAILED|error" | head -40; done
+for t in test_api test_e2e; do
+  timeout 300 $B/$t > "$OUT/$t.log" 2>&1; r=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|FAILED|error" "$OUT/$t.log" | head -40; echo "   $t rc=$r"
+done

@@ -16,6 +16,7 @@ step 150 check_flash $B/smla-bench --check --shape 4096,64,5120,640; grep -E "ch
 step 200 phases_gpu $B/test_phases_gpu; grep -E "^\[  (PASSED|FAILED)|Failure|rc=" "$OUT/phases_gpu.log" | head
 step 60 test_api $B/test_api; grep -E "^\[  (PASSED|FAILED)|Failure|rc=" "$OUT/test_api.log" | head
 for s in 4096,128,5120,1152 4096,64,5120,640 4096,128,4128,160 8192,128,9216,512 4096,128,5120,1024; do
+  # (a 1024^3 GEMM is too small to be a rate to compare with: its fraction is cut from the end-to-end line)
   step 60 "breakdown_$s" $B/smla-bench --breakdown --gemm-n 1024 --shape "$s"
-  grep -vE "^dense GEMM|^phase" "$OUT/breakdown_$s.log"
+  grep -vE "^dense GEMM|^phase" "$OUT/breakdown_$s.log" | sed -E 's/, [0-9.]+% of the dense GEMM rate//' 
 done

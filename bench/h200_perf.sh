@@ -28,5 +28,7 @@ if command -v cuobjdump > /dev/null; then
   done > "$OUT/sass.txt" 2>&1; grep -E "dq|dkv" "$OUT/sass.txt"
 fi
 for s in 4096,128,5120,1152 4096,64,5120,640 4096,128,4128,160 8192,128,9216,512 4096,128,5120,1024; do
-  timeout "${1:-60}" $B/smla-bench --shape $s --json 2>&1 | tee -a "$OUT/shapes.json"
+  # through step(): a timeout or failure shows its rc; only the JSON line joins shapes.json
+  step "${1:-60}" "shape_$s" $B/smla-bench --shape "$s" --json
+  grep -E '^\{' "$OUT/shape_$s.log" | tee -a "$OUT/shapes.json"; grep -E 'rc=' "$OUT/shape_$s.log"
 done

@@ -12,6 +12,12 @@ Also printed: a dense bf16 GEMM rate measured here (torch.mm, N^3), smla's TFLOP
 FLOPs, as the contract counts them) and its fraction of that rate; for the cheapest shape, if memory
 allows, both implementations against a float64 run of the same math (--f64).
 
+The torch side is the math as one writes it with bf16 tensors, not the contract's rounding to the letter: its
+einsums return S and dP rounded to bf16, and dq's product is rounded to bf16 before the scale and again after. That
+costs it accuracy (~3.3e-3 relative from float64 for dq at a small shape, against ~1.7e-3 with fp32 intermediates;
+smla's is ~2.1e-3) and saves it time, so the ratio printed is, if anything, in torch's favour; --f64 shows both
+sides' errors from float64.
+
 Exit status: 0 every shape run and agreed; 1 some shape disagreed or smla failed; 2 none disagreed
 but some were not checked (torch out of memory or failed) or were skipped by --time-budget.
 
