@@ -24,6 +24,34 @@ std::mutex g_load_mutex;
 
 KernelSources::KernelSources(std::string dir) : dir_(std::move(dir)) {}
 
+std::string without_comments(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (c == '"' || c == '\'') {  // a literal, escapes and all, up to its end or the line's
+      const size_t start = i++;
+      while (i < text.size() && text[i] != c && text[i] != '\n') i += text[i] == '\\' ? 2 : 1;
+      if (i < text.size() && text[i] == c) ++i;
+      out.append(text, start, std::min(i, text.size()) - start);
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') ++i;  // the newline stays
+      out += ' ';
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      const size_t end = text.find("*/", i + 2);
+      const size_t stop = end == std::string::npos ? text.size() : end + 2;
+      out += ' ';
+      for (size_t k = i; k < stop; ++k)
+        if (text[k] == '\n') out += '\n';  // lines keep their starts
+      i = stop;
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return out;
+}
+
 namespace {
 // An include may not reach out of the source directory.
 void require_inside(const std::string& name, const std::string& dir) {
@@ -87,15 +115,17 @@ RenderedSource KernelSources::render(const KernelSpec& spec, const std::string& 
   out.text = tu.str();
 
   // Attach every quoted include found in kernel_src, transitively, so the compile reads no disk
-  // and the cache key sees every byte.
-  static const std::regex inc_re("#\\s*include\\s*\"([^\"]+)\"");
+  // and the cache key sees every byte. Directives only: at a line's start, outside comments (a comment naming an
+  // old header failed a source tree's render, and one naming a real header put it in the key). One inside a false
+  // #if is still attached: a header more in the key, never one less.
+  static const std::regex inc_re("(^|\\n)[ \\t]*#[ \\t]*include[ \\t]*\"([^\"]+)\"");
   std::set<std::string> seen;
   std::vector<std::string> todo{out.text};
   while (!todo.empty()) {
-    std::string text = std::move(todo.back());
+    std::string text = without_comments(todo.back());
     todo.pop_back();
     for (std::sregex_iterator it(text.begin(), text.end(), inc_re), end; it != end; ++it) {
-      std::string name = (*it)[1];
+      std::string name = (*it)[2];
       if (!seen.insert(name).second) continue;
       if (!has(name)) {
         // A quoted include absent from a source directory was left to NVRTC, which found it in the working

@@ -26,6 +26,10 @@ class KernelSources {
   mutable std::deque<std::pair<std::string, std::string>> loaded_;  // only when dir_ is set
 };
 
+/// `text` with its C and C++ comments each replaced by a space (a block comment's newlines kept, so directives keep
+/// their line starts); string and character literals left as they are. What render() scans for includes.
+std::string without_comments(const std::string& text);
+
 /// The file a kernel of `family` is compiled from.
 std::string source_file_name(const std::string& stem, const std::string& family);
 

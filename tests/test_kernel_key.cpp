@@ -2,6 +2,8 @@
 // entries of one source share a binary; T never enters the key (a new T must not recompile).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "runtime/cuda/kernels_cuda.hpp"
@@ -24,6 +26,29 @@ std::set<std::string> digests_for(int64_t T, int64_t H) {
   for (const Step& st : order_steps(s, cuda_phase_kernels))
     out.insert(cache::make_key(kernel_key_fields(st.spec, src, nvrtc, "sm_90a", nullptr)).digest);
   return out;
+}
+
+// Only #include directives attach a header (and enter the key): one named in a comment made a source tree's render fail
+// ("not in the source directory"), or put a real header's bytes in the key of kernels that do not include it.
+TEST(KernelSources, CommentedIncludesAreNotIncludes) {
+  EXPECT_EQ(without_comments("a // b\nc /* d\ne */ f \"//g\" '/' /*"), "a  \nc  \n f \"//g\" '/'  ");
+  char tmpl[] = "/tmp/smla-src-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto put = [&](const std::string& name, const std::string& text) { std::ofstream(dir + "/" + name) << text; };
+  put("real.cuh", "int real_one;\n");
+  put("delta.cu",
+      "// once: #include \"old_helpers.cuh\"\n"
+      "/* #include \"gone.cuh\"\n   #include \"also_gone.cuh\" */\n"
+      "const char* s = \"#include \\\"in_a_string.cuh\\\"\";\n"
+      "  #  include \"real.cuh\"\n");
+  const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 32);
+  const RenderedSource r = KernelSources(dir).render(spec, "cuda");
+  ASSERT_EQ(r.headers.size(), 1u);
+  EXPECT_EQ(r.headers[0].first, "real.cuh");
+  put("delta.cu", "#include \"missing.cuh\"\n");  // a directive still must be there
+  EXPECT_THROW(KernelSources(dir).render(spec, "cuda"), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(KernelKey, EntriesOfOneSourceShareABinary) {
