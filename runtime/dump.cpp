@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +15,8 @@
 #include <exception>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "../cache/private_dir.hpp"
 #include "relative_path.hpp"
@@ -56,6 +60,29 @@ void write_file(const std::string& path, const std::string& text) {
   }
   if (::close(fd) != 0) fail("cannot write " + path);
 }
+// A dump directory's name: "<stem>-<target>-<16 hex digits>" (the hash of every byte).
+bool is_dump_name(const std::string& n) {
+  if (n.size() < 18 || n[n.size() - 17] != '-') return false;
+  return std::all_of(n.end() - 16, n.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
+// Keeps the newest kKeepDumps dumps in `dir` (by their time of writing), besides `fresh`: one directory a distinct
+// failure, never removed, filled $TMPDIR for good across sweeps of source trees. Best effort: what cannot be read or
+// removed stays (another user's, in a shared SMLA_DUMP_DIR).
+constexpr size_t kKeepDumps = 32;
+void prune_old_dumps(const std::string& dir, const std::string& fresh) {
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> dumps;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == fresh || !is_dump_name(name) || !it->is_directory(ec) || it->is_symlink(ec)) continue;
+    const auto t = fs::last_write_time(it->path(), ec);
+    if (!ec) dumps.emplace_back(t, it->path());
+  }
+  if (dumps.size() < kKeepDumps) return;  // with `fresh`, at most kKeepDumps
+  std::sort(dumps.begin(), dumps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = kKeepDumps - 1; i < dumps.size(); ++i) fs::remove_all(dumps[i].second, ec);
+}
 }  // namespace
 
 std::string dump_failed_source(const RenderedSource& src, const std::string& target) {
@@ -91,6 +118,8 @@ std::string dump_failed_source(const RenderedSource& src, const std::string& tar
     };
     write(src.name, src.text);
     for (const auto& hd : src.headers) write(hd.first, hd.second);
+    fs::last_write_time(sub, fs::file_time_type::clock::now());  // a failure seen again is a recent one
+    prune_old_dumps(dir, fs::path(sub).filename().string());
     return sub + "/" + src.name;
   } catch (const std::exception& e) {
     return std::string("(not written: ") + e.what() + ")";  // the compile's log still reaches the user

@@ -2,6 +2,8 @@
 // the planner can choose for the supported shapes, for sm_90a (and the generic sm_80 path).
 // Needs NVRTC and the CUDA headers, which CI has: a missing NVRTC fails, it does not skip.
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -756,6 +758,31 @@ TEST(NvrtcOffline, FailedSourcesAreDumpedWhole) {
   EXPECT_EQ(slurp(second.parent_path() / "common.cuh"), "// two\n");
   EXPECT_EQ(slurp(first.parent_path() / "common.cuh"), "// one\n");
   EXPECT_EQ(dump_failed_source(src, "gfx90a:xnack-"), second.string()) << "the same failure, the same place";
+
+  // Only the newest 32 dumps stay (a directory a distinct failure filled $TMPDIR across sweeps of source trees);
+  // what is not a dump stays too.
+  std::filesystem::create_directories(std::filesystem::path(dump_dir) / "notes");
+  std::vector<std::filesystem::path> old;
+  for (int i = 0; i < 40; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "old%02d-sm_90a-%016x", i, i);
+    old.push_back(std::filesystem::path(dump_dir) / name);
+    std::filesystem::create_directories(old.back());
+    std::filesystem::last_write_time(old.back(), std::filesystem::file_time_type::clock::now() -
+                                                     std::chrono::hours(100 - i));  // old39 the newest of them
+  }
+  RenderedSource third{"dkv.cu", "// third\n", {}};
+  const std::filesystem::path newest = dump_failed_source(third, "sm_90a");
+  ASSERT_TRUE(std::filesystem::is_regular_file(newest)) << newest;
+  size_t dumps = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dump_dir)) dumps += e.path().filename() != "notes";
+  EXPECT_EQ(dumps, 32u);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dump_dir) / "notes"));
+  // Kept beside the new one: the two above (just written) and old39..old11; old10..old00 removed.
+  EXPECT_TRUE(std::filesystem::exists(first.parent_path()));
+  EXPECT_TRUE(std::filesystem::exists(second.parent_path()));
+  EXPECT_TRUE(std::filesystem::exists(old[11])) << "a dump among the newest 32 was removed";
+  EXPECT_FALSE(std::filesystem::exists(old[10])) << "a dump older than the newest 32 was kept";
 
   std::ofstream(root / "a-file") << "not a directory\n";  // a dump that cannot be written says so, never throws
   ::setenv("SMLA_DUMP_DIR", (root / "a-file" / "d").c_str(), 1);
