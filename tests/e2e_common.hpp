@@ -162,16 +162,19 @@ inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const Til
   const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512;
   expect_bar("dq", ref::compare(g.dq, first.dq.data(), nq));
   // Token by token too: one wrong token of 257 x 128 heads moves the whole tensor's relative error by ~5e-3 only. A
-  // token with no valid slot has dq 0 exactly.
+  // token with no valid slot has dq 0 exactly. (A token with one valid slot and no sink has dq 0 in float64 too, but
+  // not exactly in fp32: its P is 1, and dP and delta are the same sum in two orders. No relative error for it.)
   const size_t row = size_t(c.H) * 512;
   for (int t = 0; t < c.T; ++t) {
     const double* rr = &g.dq[size_t(t) * row];
     const uint16_t* out = &first.dq[size_t(t) * row];
-    if (std::all_of(rr, rr + row, [](double v) { return v == 0; })) {
+    const int32_t* slots = &in.topk[size_t(t) * in.topk_n];
+    if (std::none_of(slots, slots + in.topk_n, [&](int32_t k) { return k >= 0 && k < c.num_kv; })) {
       ASSERT_TRUE(std::all_of(out, out + row, [](uint16_t b) { return (b & 0x7fff) == 0; }))
           << "dq of token " << t << " (no valid slot) is not 0";
       continue;
     }
+    if (std::all_of(rr, rr + row, [](double v) { return v == 0; })) continue;
     const ref::Compare tc = ref::compare(std::vector<double>(rr, rr + row), out, row);
     ASSERT_TRUE(tc.finite && tc.unwritten == 0 && tc.rel_err <= 5e-2)
         << "dq of token " << t << ": rel_err " << tc.rel_err << " finite " << tc.finite << " unwritten "
