@@ -118,7 +118,8 @@ std::string dump_failed_source(const RenderedSource& src, const std::string& tar
     };
     write(src.name, src.text);
     for (const auto& hd : src.headers) write(hd.first, hd.second);
-    fs::last_write_time(sub, fs::file_time_type::clock::now());  // a failure seen again is a recent one
+    std::error_code ec;  // (best effort: the dump is written whether or not its time is)
+    fs::last_write_time(sub, fs::file_time_type::clock::now(), ec);  // a failure seen again is a recent one
     prune_old_dumps(dir, fs::path(sub).filename().string());
     return sub + "/" + src.name;
   } catch (const std::exception& e) {

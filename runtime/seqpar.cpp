@@ -174,7 +174,7 @@ void backward(const Plan& plan, const Tensors& t, void* workspace, size_t worksp
   if (reducer.memory() != Reducer::Memory::Any && (reducer.memory() == Reducer::Memory::Host) != host_plan)
     SMLA_THROW(Status::InvalidArgument,
                std::string("seqpar::backward: the reducer sums ") +
-                   (host_plan ? "device memory (NcclReducer)" : "host memory at once (HostReducer)") +
+                   (host_plan ? "device memory (as NcclReducer does)" : "host memory at once (as HostReducer does)") +
                    " but the plan runs on the " + plan.info().backend + " backend" +
                    (host_plan ? ", whose outputs are host memory: use a HostReducer"
                               : ", whose outputs are device memory written asynchronously: use an NcclReducer"));
