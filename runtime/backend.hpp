@@ -102,6 +102,9 @@ class Backend {
   /// belongs to another device, or to a context other than the one the plan's kernels are loaded in), or empty when
   /// it can, or when the backend cannot tell. The driver alone reports such a stream as an invalid handle.
   virtual std::string foreign_stream(int /*device*/, void* /*stream*/) const { return {}; }
+  /// Asked by run() before anything is queued: throws InvalidArgument for a stream it can tell is not the plan's
+  /// without a failure (CUDA: the default stream while another context of the device is current). Default: nothing.
+  virtual void check_stream(int /*device*/, void* /*stream*/) const {}
   /// Copies `bytes` from backend memory to the host after the stream's work (synchronizes).
   /// Not for hot paths: index reports and tests only.
   virtual void read_back(void* dst, const void* src, size_t bytes, void* stream) const = 0;

@@ -329,6 +329,7 @@ void PlanImpl::naming_a_foreign_stream(void* stream, Launches&& launches) const 
 }
 
 void PlanImpl::run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
+  backend_->check_stream(problem_.device, stream);
   const SmlaParams base = base_params(t, workspace, workspace_size);
   naming_a_foreign_stream(stream, [&] { run_steps(base, stream); });
 }
@@ -380,6 +381,7 @@ void PlanImpl::run_steps(const SmlaParams& base, void* stream) const {
 void PlanImpl::run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size, void* stream) const {
   SMLA_REQUIRE(i < steps_.size(), Status::InvalidArgument,
                "launch index " + std::to_string(i) + " out of range (" + std::to_string(steps_.size()) + ")");
+  backend_->check_stream(problem_.device, stream);
   const SmlaParams base = base_params(t, workspace, workspace_size);
   naming_a_foreign_stream(stream, [&] { launch_step(i, base, stream); });
 }

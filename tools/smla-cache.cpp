@@ -49,7 +49,7 @@ int cache_main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   app.require_subcommand(1);
   auto* list = app.add_subcommand("list", "tag, target, size and age of every entry");
-  auto* verify = app.add_subcommand("verify", "check every entry: exit 1 naming the damaged ones (BAD), else 3 naming those it could not read (UNREADABLE)");
+  auto* verify = app.add_subcommand("verify", "check every entry, naming the damaged ones (BAD) and those it could not read (UNREADABLE); exit 1 if any is damaged, else 3 if any could not be read");
   auto* prune = app.add_subcommand("prune", "evict least recently used entries down to a size");
   std::string max_bytes;
   prune->add_option("--max-bytes", max_bytes, "bound, e.g. 2G, 512M or bytes")->required();

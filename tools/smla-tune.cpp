@@ -423,7 +423,8 @@ int main(int argc, char** argv) {
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json, else (no home)\n"
       "/tmp/smla-tuning-<uid>/tuning.json while it is this user's alone; entries are keyed by device (target,\n"
       "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
-      "power-of-two buckets of T and num_kv.");
+      "power-of-two buckets of T and num_kv: two problems of one entry (T 12288 and 16384) are refused before\n"
+      "tuning (exit 2) unless --no-store, which only measures.");
   Options o;
   app.add_option("--shape", o.shapes, "problems to tune (repeatable, with ranges)");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see smla-warmup --help)")

@@ -194,8 +194,8 @@ int main(int argc, char** argv) {
       "(not for --dry-run, which writes nothing).\n"
       "Exit status: 0 when nothing failed, 1 when a kernel or problem failed or the warm-up could not be done (an\n"
       "output directory it cannot write), 2 on usage errors (options, --shape, --json-file, no target or an unknown\n"
-      "one, a --tuning-db that does not exist, no --out under SMLA_CACHE_READONLY=1 or SMLA_CACHE_DISABLE=1\n"
-      "without --dry-run).");
+      "one, a --tuning-db that is absent or no database this smla reads, no --out under SMLA_CACHE_READONLY=1\n"
+      "or SMLA_CACHE_DISABLE=1 without --dry-run).");
   Options o;
   app.add_option("--shape", o.shapes, "T,H,NUM_KV,TOPK[,R_CHUNK] with ranges (see below); repeatable");
   app.add_option("--json-file", o.json_file, "problems from a JSON file (see below)")->check(smla::tools::non_empty_path());

@@ -14,7 +14,8 @@
  * Memory: the bf16 tensors (q, kv, o, dout, dq, dkv) start on 16-byte boundaries, the float and int32 ones on 4-byte
  * ones, and the workspace on a 256-byte one (malloc's 16 is not enough on the CPU backend: use aligned_alloc(256,
  * ...); cudaMalloc and hipMalloc give 256). A pointer of the wrong kind of memory for the backend, or misaligned, is
- * refused by name; an output that can be read but not written (a read-only mapping) is not detected and faults. */
+ * refused by name; an output that can be read but not written (a read-only mapping) is not detected and faults.
+ * Managed memory (cudaMallocManaged) is taken by the CUDA backend and, as host memory, by the CPU backend. */
 #ifndef SMLA_H
 #define SMLA_H
 #include <stddef.h>

@@ -158,7 +158,8 @@ class Plan {
   /// Bytes of device workspace run() needs (256-byte aligned start required).
   virtual size_t workspace_bytes() const = 0;
   /// Launches the backward on `stream` (a cudaStream_t / hipStream_t, or null for the default
-  /// stream; ignored by the CPU backend, which runs synchronously). Validates the tensors
+  /// stream; ignored by the CPU backend, which runs synchronously). On CUDA the default stream is refused while a
+  /// context of the device other than its primary one is current (that context's stream is not smla's). Validates the tensors
   /// (throws smla::Error naming the argument, before anything is launched). No device allocation,
   /// no compilation, no host synchronization. The CPU backend allocates only its threads' scratch rows
   /// (up to max(R_CHUNK, 2 H + 1) x 512 floats a thread, at most 16 threads a phase, started and joined

@@ -207,29 +207,27 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
   return k;
 }
 
+// The null, legacy and per-thread streams are the current context's, which launch() makes the plan's primary context.
+// With another context of the same device current (a driver-API caller's cuCtxCreate), the caller means that
+// context's stream, and the work would go unordered with it: refused before anything is queued, as an explicit stream
+// of that context is (after the driver's error). One driver call a run when no context or the primary is current.
+void CudaBackend::check_stream(int device, void* stream) const {
+  const auto s = static_cast<CUstream>(stream);
+  if (!driver().ok || (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD)) return;
+  CUcontext cur = nullptr;
+  if (driver().CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur || cur == context(device)) return;
+  CUdevice cdev = -1;
+  if (driver().CtxGetDevice(&cdev) != CUDA_SUCCESS || cdev != device_handle(device)) return;
+  SMLA_THROW(Status::InvalidArgument,
+             "run() was given the default stream (null, legacy or per-thread) while a context of CUDA device " +
+                 std::to_string(device) +
+                 " other than its primary context is current: smla runs in the primary context, so the work would "
+                 "not be ordered with that context's; pass a stream created in the primary context");
+}
+
 void CudaBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
   const auto& k = static_cast<const CudaKernel&>(lk);
   ContextScope use(k.ctx);
-  // The null, legacy and per-thread streams are the current context's, which this scope makes the plan's primary
-  // context. With another context of the same device current (a driver-API caller's cuCtxCreate), the caller means
-  // that context's stream, and the work would go unordered with it: refused, as an explicit stream of it is. (Only
-  // when another context was current: no driver call otherwise.)
-  const auto s = static_cast<CUstream>(stream);
-  if ((!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) && use.previous() && use.previous() != k.ctx) {
-    CUdevice cur = -1;
-    {
-      ContextScope theirs(use.previous());
-      SMLA_CU(driver().CtxGetDevice(&cur));
-    }
-    CUdevice mine = -1;
-    SMLA_CU(driver().CtxGetDevice(&mine));
-    if (cur == mine)
-      SMLA_THROW(Status::InvalidArgument,
-                 "run() was given the default stream (null, legacy or per-thread) while a context of CUDA device " +
-                     std::to_string(k.device) +
-                     " other than its primary context is current: smla runs in the primary context, so the work "
-                     "would not be ordered with that context's; pass a stream created in the primary context");
-  }
   void* args[] = {const_cast<SmlaParams*>(&p)};
   const unsigned gx = spec.persistent ? std::min(spec.grid.x, k.sms) : spec.grid.x;
   SMLA_CU(driver().LaunchKernel(k.fn, gx, spec.grid.y, spec.grid.z, spec.block.x, spec.block.y, spec.block.z,

@@ -26,6 +26,7 @@ class CudaBackend : public Backend {
   std::shared_ptr<LoadedKernel> load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                      int device) override;
   bool is_binary_refusal(const Error& e) const override { return cuda::is_binary_refusal(e); }
+  void check_stream(int device, void* stream) const override;
   void launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void* stream) override;
   /// One cuPointerGetAttributes a pointer: its memory type, device ordinal and whether it is managed.
   PointerInfo pointer_info(const void* ptr, int device) const override;
