@@ -810,14 +810,22 @@ TEST(CudaBackend, OnlyARefusedImageCountsAsARefusedBinary) {
   EXPECT_TRUE(b_cpu.is_binary_refusal(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory")));
   // A driver older than the NVRTC: the image is refused, but recompiling gives the same one. Not a refusal of the
   // binary (a node with an old driver deleted the shared entries the others used), Unsupported, saying what to do.
-  const Error old = cuda::driver_older_than_nvrtc(
-      Error(Status::DriverError, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported "
-                                 "toolchain."),
-      12040, 13, 0);
+  const Error ptx = driver_error("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an "
+                                  "unsupported toolchain.");
+  const Error old = cuda::module_load_error(ptx, 12040, 13, 0);
   EXPECT_FALSE(b_cu.is_binary_refusal(old)) << old.what();
   EXPECT_EQ(old.status(), Status::Unsupported);
   EXPECT_NE(old.message().find("the driver supports CUDA 12.4, older than the NVRTC 13.0"), std::string::npos)
       << old.message();
+  // A driver as new as the NVRTC: the refusal stays one (the entry is replaced); another error stays as it is.
+  for (int drv : {13000, 13010}) {
+    const Error same = cuda::module_load_error(ptx, drv, 13, 0);
+    EXPECT_TRUE(b_cu.is_binary_refusal(same)) << drv;
+    EXPECT_EQ(same.message(), ptx.message());
+  }
+  const Error oom = cuda::module_load_error(driver_error("CUDA_ERROR_OUT_OF_MEMORY: out of memory"), 12040, 13, 0);
+  EXPECT_EQ(oom.status(), Status::DriverError);
+  EXPECT_EQ(oom.message(), "CUDA_ERROR_OUT_OF_MEMORY: out of memory");
 }
 
 CUcontext current_context() {

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/cpu_backend.hpp"
 #include "runtime/cuda/cuda_api.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
 #include "smla/smla.hpp"
@@ -98,6 +99,11 @@ int scenario(const std::string& name) {
       std::printf("%s kind=%d other=%d queries=%d\n", what, int(where.kind), where.other_device,
                   stub_count("smla_stub_pointer_queries") - before);
     }
+    // The CPU backend, the driver now open: managed memory is host memory to it, plain device memory is not.
+    const CpuBackend cpu;
+    std::printf("cpu: managed1 device=%d device0 device=%d\n",
+                int(cpu.pointer_info(stub_device_ptr(1, true), 0).kind == PointerKind::Device),
+                int(cpu.pointer_info(stub_device_ptr(0, false), 0).kind == PointerKind::Device));
     return 0;
   }
   if (name == "foreign-stream") {  // why a stream cannot take device 0's launches (SMLA_STUB_DEVICES=2)
@@ -123,6 +129,25 @@ int scenario(const std::string& name) {
     CUcontext now = nullptr;
     SMLA_CU(cuda::driver().CtxGetCurrent(&now));
     std::printf("caller's context kept=%d\n", int(now == callers));
+    // run()'s check before anything is queued: the default stream with device 0's other context current is refused;
+    // with device 1's primary (the caller's above) or device 0's own, or an explicit stream, it is not.
+    CUcontext other0 = nullptr;
+    SMLA_CU(cuda::driver().StreamGetCtx(static_cast<CUstream>(stream(0, 0)), &other0));
+    auto check = [&](const char* what, CUcontext current, void* s) {
+      SMLA_CU(cuda::driver().CtxSetCurrent(current));
+      std::string r = "ok";
+      try {
+        be.check_stream(0, s);
+      } catch (const Error& e) {
+        r = std::string(status_name(e.status())) + ": " + e.message();
+      }
+      std::printf("check %s: [%s]\n", what, r.c_str());
+    };
+    check("null, device 1 current", callers, nullptr);
+    check("null, device 0's other context", other0, nullptr);
+    check("per-thread, device 0's other context", other0, CU_STREAM_PER_THREAD);
+    check("explicit, device 0's other context", other0, stream(0, 1));
+    check("null, none current", nullptr, nullptr);
     return 0;
   }
   if (name == "backends") {  // what Runtime::backends() says of the CUDA backend, or what it threw
@@ -224,6 +249,8 @@ TEST(DriverFork, OnePointerQueryATensor) {
   EXPECT_TRUE(has(out, line("device0", PointerKind::Device, -1))) << out;
   EXPECT_TRUE(has(out, line("device1", PointerKind::Device, 1))) << out;
   EXPECT_TRUE(has(out, line("managed1", PointerKind::Device, -1))) << out;  // managed memory serves every device
+  // The CPU backend took managed memory before the driver was open, and refused it as device memory after.
+  EXPECT_TRUE(has(out, "cpu: managed1 device=0 device0 device=1\n")) << out;
 }
 
 // run() names a stream the plan's device cannot use (the driver says only "invalid resource handle"): the backend's
@@ -241,6 +268,15 @@ TEST(DriverFork, AForeignStreamIsNamed) {
       << out;
   EXPECT_TRUE(has(out, "unknown-handle: []\n")) << out;  // left to the driver's own error
   EXPECT_TRUE(has(out, "caller's context kept=1\n")) << out;
+  // The default stream with another context of the plan's device current: refused before anything is queued.
+  EXPECT_TRUE(has(out, "check null, device 1 current: [ok]\n")) << out;
+  EXPECT_TRUE(has(out, "check null, device 0's other context: [invalid argument: run() was given the default stream "
+                       "(null, legacy or per-thread) while a context of CUDA device 0 other than its primary context "
+                       "is current")) << out;
+  EXPECT_TRUE(has(out, "check per-thread, device 0's other context: [invalid argument: run() was given the default "))
+      << out;
+  EXPECT_TRUE(has(out, "check explicit, device 0's other context: [ok]\n")) << out;
+  EXPECT_TRUE(has(out, "check null, none current: [ok]\n")) << out;
 }
 
 // A machine whose GPU smla cannot run on (a T4, compute capability 7.5) still gets its answer from backends(), the

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "runtime/cuda/cuda_api.hpp"
@@ -397,6 +398,31 @@ TEST(SeqparCpu, RefusesAReducerOfTheOtherMemory) {
   DeviceMemoryReducer red;
   expect_refused_reducer(*plan, red, "the plan runs on the cpu backend, whose outputs are host memory");
   EXPECT_EQ(red.calls, 0);
+}
+
+// The same on a machine without a GPU: a plan that says it runs on CUDA (a stand-in: nothing of it may run).
+class CudaPlanStandIn : public Plan {
+ public:
+  CudaPlanStandIn() { p_.dkv_fp32 = true, p_.num_kv = 8, p_.H = 16, info_.backend = "cuda"; }
+  const Problem& problem() const override { return p_; }
+  size_t workspace_bytes() const override { return 0; }
+  void run(const Tensors&, void*, size_t, void*) const override { ADD_FAILURE() << "run() reached"; }
+  std::optional<BadIndex> index_report(const void*, void*) const override { return std::nullopt; }
+  const PlanInfo& info() const override { return info_; }
+  size_t launch_count() const override { return 0; }
+  void run_launch(size_t, const Tensors&, void*, size_t, void*) const override { ADD_FAILURE() << "run_launch()"; }
+  std::string launch_phase(size_t) const override { return ""; }
+
+ private:
+  Problem p_;
+  PlanInfo info_;
+};
+
+TEST(SeqparCpu, RefusesAHostReducerBesideAGpuPlan) {
+  const CudaPlanStandIn plan;
+  auto group = std::make_shared<seqpar::HostGroup>(1);
+  seqpar::HostReducer red(group, 0);
+  expect_refused_reducer(plan, red, "the plan runs on the cuda backend, whose outputs are device memory");
 }
 
 TEST(SeqparCuda, RefusesAHostReducerBesideACudaPlan) {

@@ -27,7 +27,8 @@ struct CudaKernel : LoadedKernel {
 };
 }  // namespace
 
-Error driver_older_than_nvrtc(const Error& refused, int drv, int maj, int min) {
+Error module_load_error(const Error& refused, int drv, int maj, int min) {
+  if (!is_binary_refusal(refused) || drv <= 0 || drv >= maj * 1000 + min * 10) return refused;
   return Error(Status::Unsupported,
                refused.message() + "; the driver supports CUDA " + std::to_string(drv / 1000) + "." +
                    std::to_string(drv % 1000 / 10) + ", older than the NVRTC " + std::to_string(maj) + "." +
@@ -161,9 +162,9 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
     // change.
     int drv = 0, maj = 0, min = 0;
     if (!is_binary_refusal(e) || driver().DriverGetVersion(&drv) != CUDA_SUCCESS || !nvrtc().ok ||
-        nvrtc().Version(&maj, &min) != NVRTC_SUCCESS || drv >= maj * 1000 + min * 10)
+        nvrtc().Version(&maj, &min) != NVRTC_SUCCESS)
       throw;
-    throw driver_older_than_nvrtc(e, drv, maj, min);
+    throw module_load_error(e, drv, maj, min);
   }
   SMLA_CU(driver().ModuleGetFunction(&k->fn, k->module, spec.entry.c_str()));
   // A launch spec that drifted from its kernel's __launch_bounds__ fails here, by name, at plan

@@ -62,11 +62,11 @@ class CudaBackend : public Backend {
 /// Unsupported below sm_80.
 std::string target_for_cc(int major, int minor);
 
-/// load()'s error for a refused image (`refused`) when the driver (CUDA `driver_version`, e.g. 12040) is older than
-/// the NVRTC that compiled it (`nvrtc_major`.`nvrtc_minor`): Unsupported, saying what to change, and no longer a
-/// refusal of the binary (is_binary_refusal): a recompile gives the same image, so a shared entry that nodes with a
-/// newer driver use is kept.
-Error driver_older_than_nvrtc(const Error& refused, int driver_version, int nvrtc_major, int nvrtc_minor);
+/// What load() throws for cuModuleLoadData's error `e`, the driver being CUDA `driver_version` (e.g. 12040) and the
+/// NVRTC that compiled the image `nvrtc_major`.`nvrtc_minor`: a refused image from a driver older than that NVRTC
+/// becomes Unsupported, saying what to change, and no longer a refusal of the binary (is_binary_refusal): a recompile
+/// gives the same image, so a shared entry that nodes with a newer driver use is kept. Any other error, as it is.
+Error module_load_error(const Error& e, int driver_version, int nvrtc_major, int nvrtc_minor);
 /// Whether `target` is one plan() can produce on some NVIDIA GPU (target_for_cc of a compute capability whose shared
 /// memory the planner knows: sm_80, sm_86, sm_87, sm_89, sm_90a, sm_100, ...); else false and why (sm_90 is not:
 /// plan() compiles sm_90a for Hopper). What warm-up checks before it keys anything for a named target.

@@ -287,6 +287,31 @@ TEST(HipRtcWorker, ExitsWhenItsParentIsNotTheOneNamed) {
   EXPECT_FALSE(std::filesystem::exists(base + ".co"));
 }
 
+// The worker compiles with the request's options, not its own build's (a source that compiles only under an option
+// the request alone carries): a worker of another build stored its own compile under the parent's key.
+TEST(HipRtcWorker, TheWorkerCompilesWithTheRequestsOptions) {
+  SMLA_REQUIRE_HIPRTC();
+  TempDir dir("smla-test");
+  RenderedSource src = test::mfma_source("smla_opts_used");
+  src.text = "#ifndef SMLA_FROM_REQUEST\n#error not the request's options\n#endif\n" + src.text;
+  auto run = [&](const std::string& base, const std::vector<std::string>& opts) {
+    detail::write_request(base + ".req", src, "gfx90a", opts);
+    return run_children({{SMLA_HIPRTC_WORKER_PATH, "--parent", std::to_string(getpid()), base + ".req", base + ".co",
+                          base + ".log"}},
+                        1, {base + ".out"}, 120)[0];
+  };
+  std::vector<std::string> opts = HipRtcCompiler().options("gfx90a");
+  const ChildStatus plain = run(dir.path() + "/plain", opts);
+  ASSERT_TRUE(plain.exited) << plain.describe();
+  EXPECT_EQ(plain.code, 2) << "compiled without the request's define";
+  opts.push_back("-DSMLA_FROM_REQUEST=1");
+  const ChildStatus with = run(dir.path() + "/with", opts);
+  ASSERT_TRUE(with.exited) << with.describe();
+  EXPECT_EQ(with.code, 0) << test::read_text(dir.path() + "/with.log") << test::read_text(dir.path() + "/with.out");
+  const std::string co = test::read_text(dir.path() + "/with.co");
+  EXPECT_TRUE(read_elf(std::vector<uint8_t>(co.begin(), co.end())).valid);
+}
+
 TEST(HipRtcWorker, TempDirsNameTheirProcessAndStaleOnesAreRemoved) {
   TempDir root("smla-test");
   const std::string host = detail::host_name();
