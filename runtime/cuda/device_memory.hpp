@@ -10,23 +10,6 @@
 
 namespace smla::cuda {
 
-/// Gives a thread with no current context device 0's primary context, as the CUDA runtime would:
-/// plan() and run() put the caller's context back as they found it, so a tool's first buffer can
-/// no longer count on them having left one. Retained once, never released (like the runtime's).
-inline void ensure_context() {
-  CUcontext c = nullptr;
-  SMLA_CU(driver().CtxGetCurrent(&c));
-  if (c) return;
-  static const CUcontext primary = [] {
-    CUdevice dev = 0;
-    CUcontext p = nullptr;
-    SMLA_CU(driver().DeviceGet(&dev, 0));
-    SMLA_CU(driver().DevicePrimaryCtxRetain(&p, dev));
-    return p;
-  }();
-  SMLA_CU(driver().CtxSetCurrent(primary));
-}
-
 /// Makes `device`'s primary context current unless the current context is already on `device` (a caller's own context
 /// is kept): for a tool whose buffers and stream must be on its plan's device (Problem::device). Each device's primary
 /// context is retained once, never released (like the runtime's).
@@ -53,6 +36,15 @@ inline void ensure_context_on(int device) {
     p = it->second;
   }
   SMLA_CU(driver().CtxSetCurrent(p));
+}
+
+/// Gives a thread with no current context device 0's primary context, as the CUDA runtime would:
+/// plan() and run() put the caller's context back as they found it, so a tool's first buffer can
+/// no longer count on them having left one. A current context, whichever, is kept.
+inline void ensure_context() {
+  CUcontext c = nullptr;
+  SMLA_CU(driver().CtxGetCurrent(&c));
+  if (!c) ensure_context_on(0);
 }
 
 class DeviceBuffer {
