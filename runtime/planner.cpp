@@ -49,14 +49,16 @@ void validate_problem(const Problem& p) {
   else if (!(p.H == 16 || p.H == 32 || p.H == 64 || p.H == 128))
     bad("H", std::to_string(p.H), "one of 16, 32, 64, 128", Status::Unsupported);
   if (p.topk < 1) bad("topk", std::to_string(p.topk), "at least 1 (a positive multiple of 16)");
-  else if (p.topk < 16 || p.topk % 16 != 0)
+  // Before the multiple-of-16 advice: that names a padded length, which must itself be accepted (and p.topk + 15 must
+  // not overflow).
+  if (p.topk > 8192) bad("topk", std::to_string(p.topk), "at most 8192", Status::Unsupported);
+  if (p.topk < 16 || p.topk % 16 != 0)
     bad("topk", std::to_string(p.topk),
         "a positive multiple of 16" +
             (p.topk > 0 ? " (pad each top-k row with -1 to " + std::to_string((p.topk + 15) / 16 * 16) +
                               " slots: empty slots add nothing, the result is the same)"
                         : std::string()),
         Status::Unsupported);
-  if (p.topk > 8192) bad("topk", std::to_string(p.topk), "at most 8192", Status::Unsupported);
   if (p.T * p.topk > kMaxI32)
     bad("T * topk", std::to_string(p.T * p.topk), "below 2^31 (int32 slot ids)", Status::Unsupported);
   if (p.r_chunk != 0 && !r_chunk_ok(p.r_chunk, p.topk))

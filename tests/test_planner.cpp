@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "runtime/env.hpp"
 #include "runtime/planner.hpp"
@@ -38,6 +39,18 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "H", Status::Unsupported);
   p = seed_problem(), p.topk = 100;
   expect_rejected(p, "pad each top-k row with -1 to 112 slots", Status::Unsupported);  // what to do about it
+  // Past 8192 the advice would name a length that is refused too (8200 -> 8208), and for the largest int64 its padded
+  // length overflowed (UBSan stopped there): the limit is said first.
+  for (int64_t topk : {int64_t(8200), int64_t(8208), std::numeric_limits<int64_t>::max()}) {
+    p = seed_problem(), p.T = 16, p.topk = topk;
+    SCOPED_TRACE(topk);
+    expect_rejected(p, "at most 8192", Status::Unsupported);
+    try {
+      validate_problem(p);
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find("pad each"), std::string::npos) << e.what();
+    }
+  }
   // Below 1 is no shape at all: an invalid argument, as T and num_kv are (it was Unsupported, which says "valid but
   // not supported").
   p = seed_problem(), p.topk = 0;
