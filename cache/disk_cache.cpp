@@ -55,6 +55,9 @@ struct DiskCache::Impl {
     std::mutex evict_mu;        // guards the two below
     int64_t approx_bytes = -1;  // < 0: unknown, scan at the next publish
     int publishes_since_scan = 0;
+    // An eviction for space was followed by another failure for space: the disk is full of something else. No more
+    // halving until a publish succeeds (each new kernel halved the cache again: 8 entries, 4, 2, 1).
+    bool room_useless = false;
   };
   std::atomic<ProcState*> state{new ProcState(::getpid())};
   ~Impl() { delete state.load(); }
@@ -105,6 +108,7 @@ struct DiskCache::Impl {
   bool make_room() {
     ProcState& P = proc();
     std::lock_guard<std::mutex> g(P.evict_mu);
+    if (P.room_useless) return false;
     return evicted(P, evict_to(user, [](int64_t ours) { return ours / 2; }, ""), "no space left to publish") > 0;
   }
 
@@ -162,6 +166,13 @@ struct DiskCache::Impl {
     return remove_locks(unused);
   }
 
+  // Whether the last eviction for space made room (a publish went through after it), for make_room.
+  void space_was(bool enough) {
+    ProcState& P = proc();
+    std::lock_guard<std::mutex> g(P.evict_mu);
+    P.room_useless = !enough;
+  }
+
   void forget_size() {
     ProcState& P = proc();
     std::lock_guard<std::mutex> g(P.evict_mu);
@@ -171,6 +182,19 @@ struct DiskCache::Impl {
 
 DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
+  // A relative directory (SMLA_CACHE_DIR=cache) is the one of the working directory at the start: a host program
+  // that chdir()s into run directories would otherwise publish into a new cache in each, and move its locks.
+  {
+    std::error_code aec;
+    if (!s_.dir.empty()) {
+      const fs::path abs = fs::absolute(s_.dir, aec);
+      if (!aec) s_.dir = abs.string();
+    }
+    if (!s_.system_dir.empty()) {
+      const fs::path abs = fs::absolute(s_.system_dir, aec);
+      if (!aec) s_.system_dir = abs.string();
+    }
+  }
   I.user.dir = s_.dir;
   if (s_.disable) {
     log().info("smla-cache: disabled (SMLA_CACHE_DISABLE); compiled kernels stay in memory");
@@ -201,16 +225,19 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
   if (!s_.readonly) {
     // Creating the tree and renaming a scratch directory from .staging/ into entries/ is the
     // writability probe. Data writes can still fail later (full disk): publish handles that.
-    fs::create_directories(I.user.entries(), ec);
-    std::string err;
-    if (!ec && probe_publish(I.user, &err)) {
+    std::string err = linked_subdir(I.user);
+    // Shared as the root is, whatever this process's umask (make_dir_like_root).
+    if (err.empty() && !make_dir_like_root(I.user.entries(), I.user.dir) && errno != EEXIST)
+      err = "cannot create " + I.user.entries() + ": " + std::strerror(errno);
+    if (err.empty()) make_dir_like_root(I.user.staging(), I.user.dir);
+    if (err.empty() && probe_publish(I.user, &err)) {
       writable_ = true;
       clean_stale_staging(I.user, s_.stale_staging_s);
     } else {
       // mkdir's "File exists" for a dangling link would send the user looking for a file.
       std::string why = dangling_symlink(I.user.entries());
       if (why.empty()) why = dangling_symlink(I.user.staging());
-      if (why.empty()) why = ec ? ec.message() : err;
+      if (why.empty()) why = err;
       unwritable_reason_ = why;
       if (s_.warn_unwritable)
         log().warn("smla-cache: cannot write cache directory {} ({}); using it read-only if it "
@@ -262,12 +289,9 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
     } else {
       ld = s_.dir + "/.locks";
       I.lock_prefix = ld + "/";
-      std::error_code mec;
-      const bool made = !fs::exists(ld, mec) && fs::create_directories(ld, mec);
       // Made here: shared as the cache root is (group write and setgid of a group's cache), whatever this process's
       // umask; else one member's umask 022 would leave every other member without locks.
-      struct stat root {};
-      if (made && ::stat(s_.dir.c_str(), &root) == 0) ::chmod(ld.c_str(), root.st_mode & 07777);
+      make_dir_like_root(ld, s_.dir);
       if (!usable_dir(&why)) {
         log().warn("smla-cache: lock directory {} {}; compile locks in /tmp instead (node-local)", ld, why);
         node_local();
@@ -423,8 +447,10 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
                    k.tag, err);
         err.clear();
         published = publish_entry(I.user, name, manifest, f.source, c.binary, s_, &lost, &added, &err, &no_space);
+        if (!published && no_space) I.space_was(false);
       }
     }
+    if (published) I.space_was(true);
     if (published && !lost && s_.max_bytes > 0) I.bound_size(s_.max_bytes, name, added);
   }
   std::string not_stored;

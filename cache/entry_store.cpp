@@ -42,6 +42,34 @@ int64_t mtime_ns(const std::string& path) {
   return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
+}  // namespace
+
+bool is_symlink(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+std::string linked_subdir(const Root& r) {
+  for (const std::string& d : {r.entries(), r.staging()})
+    if (is_symlink(d)) {
+      std::error_code ec;
+      return d + " is a symbolic link (to " + fs::read_symlink(d, ec).string() +
+             "): smla neither writes nor deletes through it; link the whole cache directory instead";
+    }
+  return "";
+}
+
+bool make_dir_like_root(const std::string& dir, const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);  // the root itself: the umask decides, as for any directory of one's own
+  if (::mkdir(dir.c_str(), 0777) != 0) return false;
+  struct stat st {};
+  if (::stat(root.c_str(), &st) == 0) ::chmod(dir.c_str(), st.st_mode & 07777);
+  return true;
+}
+
+namespace {
+
 std::string random_hex() {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
@@ -179,8 +207,7 @@ void touch(const std::string& path) {
 }
 
 std::string make_staging(const Root& r, const char* kind, std::string* err, int* err_no) {
-  std::error_code ec;
-  fs::create_directories(r.staging(), ec);
+  make_dir_like_root(r.staging(), r.dir);
   std::string p = r.staging() + "/" + kind + "." + owner_tag();
   if (::mkdir(p.c_str(), 0777) != 0) {  // the umask decides, as for files (write_file)
     if (err_no) *err_no = errno;
@@ -226,10 +253,16 @@ std::string dangling_symlink(const std::string& path) {
 }
 
 bool remove_entry(const Root& r, const std::string& name, std::string* err) {
+  // Through a link a group member planted (entries/ or .staging/ to a directory of the caller's own), a removal would
+  // delete outside the cache.
+  if (std::string why = linked_subdir(r); !why.empty()) {
+    *err = "cannot remove " + r.entry(name) + ": " + why;
+    return false;
+  }
   std::string from = r.entry(name);
   std::string to = r.staging() + "/trash." + owner_tag();
   std::error_code ec;
-  fs::create_directories(r.staging(), ec);
+  make_dir_like_root(r.staging(), r.dir);
   if (::rename(from.c_str(), to.c_str()) == 0) {
     fs::remove_all(to, ec);  // out of entries/ already; leftovers are stale staging
     return true;
@@ -306,11 +339,16 @@ std::vector<std::string> remove_left_over_temps(const std::string& file, int64_t
 int clean_stale_staging(const Root& r, int64_t stale_s) {
   std::error_code ec;
   int removed = 0;
+  // Nothing through a link (a group member's .staging -> a directory of the caller's would have its old files
+  // deleted), and only the names smla makes there.
+  if (!linked_subdir(r).empty()) return 0;
   for (fs::directory_iterator it(r.staging(), ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     std::string path = it->path().string();
     // <kind>.<host>.<pid>.<rand>
     size_t d = name.find('.');
+    const std::string kind = name.substr(0, d == std::string::npos ? 0 : d);
+    if (kind != "probe" && kind != "stage" && kind != "trash") continue;
     if (!owner_gone(d == std::string::npos ? "" : name.substr(d + 1), age_ns(path), stale_s)) continue;
     std::error_code rec;
     fs::remove_all(path, rec);
@@ -534,8 +572,23 @@ Evicted evict(const Root& r, int64_t max_bytes, const std::string& keep) {
 }
 
 Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of, const std::string& keep) {
-  std::vector<Scanned> v = scan_entries(r);
   Evicted ev;
+  if (std::string why = linked_subdir(r); !why.empty()) {
+    ev.failed.push_back("no eviction: " + why);
+    return ev;
+  }
+  std::vector<Scanned> v = scan_entries(r);
+  // With the sticky bit on entries/ only an entry's owner (or the directory's) may move it: write permission on both
+  // is not enough (the rename failed with EPERM, and the removal in place then emptied the other member's entry
+  // without removing it).
+  struct stat dst {};
+  const bool sticky = ::stat(r.entries().c_str(), &dst) == 0 && (dst.st_mode & S_ISVTX) && dst.st_uid != ::geteuid();
+  auto mine_to_remove = [&](const std::string& name) {
+    if (!valid_entry_name(name)) return false;  // not an entry smla made: never evicted (verify names it)
+    if (::faccessat(AT_FDCWD, r.entry(name).c_str(), W_OK, AT_EACCESS) != 0) return false;
+    struct stat est {};
+    return !sticky || (::stat(r.entry(name).c_str(), &est) == 0 && est.st_uid == ::geteuid());
+  };
   // An entry this process may not remove (another member's made without group write, root's: moving a directory
   // aside takes write permission on it and on entries/) is left out of the bound, which can only be kept over what
   // this process may remove: counted, every removable entry would go at every publish while the others' alone
@@ -544,7 +597,7 @@ Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of
   std::vector<Scanned> mine;
   std::vector<std::string> pinned;
   for (auto& s : v) {
-    if (s.name == keep || (dir_writable && ::faccessat(AT_FDCWD, r.entry(s.name).c_str(), W_OK, AT_EACCESS) == 0)) {
+    if (s.name == keep || (dir_writable && mine_to_remove(s.name))) {
       ev.total += s.bytes;
       mine.push_back(std::move(s));
     } else {

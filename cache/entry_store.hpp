@@ -60,6 +60,15 @@ struct Root {
   std::string entry(const std::string& name) const { return entries() + "/" + name; }
 };
 
+/// Whether `path` itself is a symbolic link (lstat).
+bool is_symlink(const std::string& path);
+/// Why entries/ or .staging/ of `r` cannot be written or cleaned: "" when neither is a symbolic link. A link there
+/// (a group member's, in a shared cache) would have evictions and staging clean-ups delete outside the cache.
+std::string linked_subdir(const Root& r);
+/// mkdir(dir) with the mode of `root` (group write and setgid of a group's cache), whatever this process's umask:
+/// one member's umask 022 would otherwise leave every other member a cache it cannot publish to. False (errno
+/// set) when it was not made here (e.g. it exists).
+bool make_dir_like_root(const std::string& dir, const std::string& root);
 /// A fresh directory .staging/<kind>.<host>.<pid>.<rand>; empty string (and *err) on failure.
 std::string make_staging(const Root& r, const char* kind, std::string* err, int* err_no = nullptr);
 /// The writability probe: a fresh staging dir renamed into entries/ and removed, as a publish

@@ -260,6 +260,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
                  "cannot write the warm-up output directory " + opts.out_dir + " (" + why + "); pick another --out");
     cache::Settings ro = cache::settings_from_env();
     ro.dir = opts.out_dir;
+    ro.dir_in_shared_tmp = false;  // named by the caller: not the /tmp fallback of a user without a home
     ro.system_dir.clear();
     ro.disable = false;
     ro.readonly = true;
@@ -283,6 +284,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   // ---- compile into the output directory, as its user cache (unbounded: never evict here)
   cache::Settings cs = cache::settings_from_env();
   cs.dir = opts.out_dir;
+  cs.dir_in_shared_tmp = false;
   cs.system_dir.clear();
   cs.disable = false;
   cs.readonly = false;

@@ -60,6 +60,9 @@ int cache_main(int argc, char** argv) {
   exp->add_option("FILE", file, "bundle to write")->required()->check(smla::tools::non_empty_path());
   imp->add_option("FILE", file, "bundle to read")->required()->check(smla::tools::non_empty_path());
   SMLA_TOOL_PARSE(app, argc, argv);
+  // A directory the caller named is not the /tmp fallback of a user without a home (whose privacy check refused a
+  // group's directory named with --dir).
+  if (app.count("--dir")) s.dir_in_shared_tmp = false;
 
   // A --dir that is not a directory, or an explicit one that is not there, is a mistake to say, not "0 entries" (the
   // default directory may well not exist yet: that is an empty cache).

@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fcntl.h>
 #include <sys/stat.h>
+
+#include <fstream>
+
+#include "entry_store.hpp"
 
 #include "test_util.hpp"
 
@@ -233,7 +238,9 @@ TEST(Degraded, EntriesOnAnotherFilesystemIsNotWritable) {
   LogCapture log;
   DiskCache cache(settings_for(t));
   EXPECT_FALSE(cache.writable());
-  EXPECT_EQ(log.count("different filesystems"), 1) << log.text();
+  // (Said as the link it is: a linked entries/ is refused before the rename probe that found EXDEV here.)
+  EXPECT_EQ(log.count("is a symbolic link"), 1) << log.text();
+  EXPECT_EQ(log.count("link the whole cache directory"), 1) << log.text();
   EXPECT_EQ(log.count("[warning]"), 1) << log.text();
   FakeCompiler c;
   EXPECT_EQ(cache.get_or_compile(h, c.fn(h)).origin, Origin::Disk);
@@ -301,6 +308,123 @@ TEST(Degraded, AFullFileSystemMakesRoomAndStillPublishes) {
   for (int i = 7; i < 10; ++i) unbounded.get_or_compile(fields("k" + std::to_string(i)), c.fn(fields("k" + std::to_string(i))));
   EXPECT_EQ(unbounded.list().size(), size_t(s.test_capacity_bytes / one)) << "filled to the capacity, nothing evicted";
   EXPECT_GE(unbounded.stats().publish_failures, 1);
+}
+
+// Links planted below a shared cache (a group member may replace .staging/ or entries/ with a link to a directory of
+// the victim's, on the same file system): the victim's next open removed everything there older than the stale age
+// (.staging/), and an eviction or clear removed every name there (entries/). Nothing is written, cleaned or deleted
+// through such a link now; the cache is read-only and says why.
+TEST(Degraded, LinkedSubdirectoriesAreNeitherCleanedNorEmptied) {
+  TempDir t;
+  const auto two_hours_old = [](const std::string& p) {
+    struct timespec ts[2];
+    ::clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= 7200;
+    ts[1] = ts[0];
+    return ::utimensat(AT_FDCWD, p.c_str(), ts, AT_SYMLINK_NOFOLLOW) == 0;
+  };
+  ASSERT_EQ(::mkdir((t / "outside").c_str(), 0755), 0);
+  for (const char* name : {"keep", "stage.host.1.abc"}) {
+    std::ofstream((t / "outside/") + name) << "the victim's";
+    ASSERT_TRUE(two_hours_old((t / "outside/") + name));
+  }
+  ASSERT_EQ(::mkdir((t / "cache").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink((t / "outside").c_str(), (t / "cache/.staging").c_str()), 0);
+  Settings s = settings_for(t);
+  s.stale_staging_s = 60;
+  {
+    LogCapture log;
+    DiskCache cache(s);
+    EXPECT_FALSE(cache.writable());
+    EXPECT_NE(cache.unwritable_reason().find("symbolic link"), std::string::npos) << cache.unwritable_reason();
+    expect_works_in_memory(cache);
+  }
+  EXPECT_TRUE(fs::exists(t / "outside/keep"));
+  EXPECT_TRUE(fs::exists(t / "outside/stage.host.1.abc")) << "nothing removed through a linked .staging";
+
+  // entries/ linked to a directory of the victim's: clear() and prune() refuse, nothing there goes.
+  TempDir u;
+  ASSERT_EQ(::mkdir((u / "out2").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((u / "out2/data").c_str(), 0755), 0);
+  std::ofstream(u / "out2/data/file") << "the victim's";
+  ASSERT_EQ(::mkdir((u / "cache").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink((u / "out2").c_str(), (u / "cache/entries").c_str()), 0);
+  DiskCache linked(settings_for(u));
+  EXPECT_FALSE(linked.writable());
+  EXPECT_FALSE(linked.clear().error.empty());
+  EXPECT_FALSE(linked.prune(0).error.empty());
+  EXPECT_TRUE(fs::exists(u / "out2/data/file"));
+  // The lower layer refuses on its own too (a link made after the cache was opened).
+  detail::Root r{u / "cache"};
+  std::string err;
+  EXPECT_FALSE(detail::remove_entry(r, "data", &err));
+  EXPECT_NE(err.find("symbolic link"), std::string::npos) << err;
+  EXPECT_TRUE(detail::evict(r, 0, "").removed.empty());
+  EXPECT_EQ(detail::clean_stale_staging(r, 0), 0);
+  EXPECT_TRUE(fs::exists(u / "out2/data/file"));
+}
+
+// Only smla's own names go: a directory in entries/ that is not an entry name is never evicted (verify names it), a
+// file in .staging/ of no staging kind is never cleaned.
+TEST(Degraded, OnlySmlasOwnNamesAreRemoved) {
+  TempDir t;
+  Settings s = settings_for(t);
+  {
+    DiskCache cache(s);
+    ASSERT_TRUE(cache.writable());
+  }
+  ASSERT_EQ(::mkdir((t / "cache/entries/notes").c_str(), 0755), 0);
+  std::ofstream(t / "cache/.staging/README") << "kept";
+  detail::Root r{t / "cache"};
+  EXPECT_TRUE(detail::evict(r, 0, "").removed.empty());
+  EXPECT_EQ(detail::clean_stale_staging(r, 0), 0);
+  EXPECT_TRUE(fs::exists(t / "cache/entries/notes"));
+  EXPECT_TRUE(fs::exists(t / "cache/.staging/README"));
+}
+
+// A disk filled by something else: the first publish that finds no space evicts the older half and tries again; when
+// that fails too, later publishes evict nothing more (each new kernel halved the cache again: 8 entries, 4, 2, 1).
+TEST(Degraded, ADiskFullOfSomethingElseHalvesTheCacheOnceOnly) {
+  TempDir t;
+  Settings s = settings_for(t);
+  s.max_bytes = int64_t(1) << 32;
+  {
+    DiskCache cache(s);
+    FakeCompiler c;
+    for (int i = 0; i < 8; ++i) {
+      KeyFields f = fields("k" + std::to_string(i));
+      cache.get_or_compile(f, c.fn(f));
+    }
+  }
+  ASSERT_EQ(entry_names(t / "cache").size(), 8u);
+  s.test_fail_writes = true;
+  DiskCache full(s);
+  FakeCompiler c;
+  for (int i = 0; i < 3; ++i) {
+    KeyFields f = fields("n" + std::to_string(i));
+    EXPECT_EQ(full.get_or_compile(f, c.fn(f)).binary, payload(f));
+  }
+  EXPECT_EQ(entry_names(t / "cache").size(), 4u) << "halved once, then left alone";
+}
+
+// A relative directory is the working directory's at the open: a host program that chdir()s (into a run directory)
+// published into a new cache in each.
+TEST(Degraded, ARelativeDirectoryStaysWhereItWasOpened) {
+  TempDir t;
+  ASSERT_EQ(::mkdir((t / "a").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((t / "b").c_str(), 0755), 0);
+  const fs::path was = fs::current_path();
+  fs::current_path(t / "a");
+  Settings s = settings_for(t);
+  s.dir = "rel";
+  DiskCache cache(s);
+  fs::current_path(t / "b");
+  FakeCompiler c;
+  KeyFields f = fields("k_rel");
+  cache.get_or_compile(f, c.fn(f));
+  fs::current_path(was);
+  EXPECT_EQ(entry_names(t / "a/rel").size(), 1u);
+  EXPECT_FALSE(fs::exists(t / "b/rel"));
 }
 
 }  // namespace smla::cache::test

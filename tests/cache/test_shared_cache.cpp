@@ -236,4 +236,87 @@ TEST(SharedCache, OthersEntriesWeCannotRemoveDoNotEvictOurs) {
             }), "");
 }
 
+// The first member to open a group's cache makes entries/ and .staging/. With umask 022 they were 0755 (setgid
+// inherited, group write not): every other member's probe failed with EACCES, and they compiled into memory for good.
+// They now take the root's mode, as .locks/ does.
+TEST(SharedCache, EntriesAndStagingAreMadeSharedAsTheCacheIs) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two users of one group";
+  const uid_t alice = 54341, bob = 54342;
+  const gid_t group = 54340;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const std::string dir = t / "cache";
+  ASSERT_EQ(group_dir(dir, group), "");  // the group's root only: its admin made nothing below it
+  Settings s;
+  s.dir = dir;
+  s.lock = false;
+  s.max_bytes = 0;
+  EXPECT_EQ(run_as(alice, group, [&] {
+              ::umask(022);
+              DiskCache c(s);
+              FakeCompiler fc;
+              KeyFields f = fields("k_alice");
+              return c.get_or_compile(f, fc.fn(f)).origin == Origin::Compiled ? std::string() : "not compiled";
+            }), "");
+  for (const char* sub : {"/entries", "/.staging"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((dir + sub).c_str(), &st), 0) << sub;
+    EXPECT_EQ(st.st_mode & 07777, 02775u) << sub << ": mode " << std::oct << (st.st_mode & 07777);
+  }
+  EXPECT_EQ(run_as(bob, group, [&] {
+              DiskCache c(s);
+              if (!c.writable()) return "bob cannot write the group's cache: " + c.unwritable_reason();
+              FakeCompiler fc;
+              KeyFields f = fields("k_bob");
+              c.get_or_compile(f, fc.fn(f));
+              return DiskCache(s).get_or_compile(f, fc.fn(f)).origin == Origin::Disk ? std::string()
+                                                                                       : "bob's entry is not on disk";
+            }), "");
+}
+
+// With the sticky bit on entries/ (a /tmp-like shared directory) write permission is not enough to move another
+// member's entry. Bob's eviction counted alice's group-writable entry as his, the rename failed with EPERM, and the
+// removal in place emptied her entry without removing it (every reader then took it for corrupt and could not
+// replace it). Now it is pinned: left whole.
+TEST(SharedCache, StickyEntriesAreLeftToTheirOwner) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two users of one group";
+  const uid_t alice = 54351, bob = 54352;
+  const gid_t group = 54350;
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const std::string dir = t / "cache";
+  ASSERT_EQ(group_dir(dir, group), "");
+  ASSERT_EQ(group_dir(dir + "/entries", group), "");
+  ASSERT_EQ(::chmod((dir + "/entries").c_str(), 03775), 0);
+  Settings s;
+  s.dir = dir;
+  s.lock = false;
+  s.max_bytes = 0;
+  EXPECT_EQ(run_as(alice, group, [&] {
+              DiskCache c(s);
+              FakeCompiler fc;
+              KeyFields f = fields("k_a");
+              c.get_or_compile(f, fc.fn(f));
+              return std::string();
+            }), "");
+  const std::vector<std::string> before = entry_names(dir);
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(run_as(bob, group, [&] {
+              Settings sb = s;
+              sb.max_bytes = 1;  // everything over it
+              DiskCache c(sb);
+              FakeCompiler fc;
+              KeyFields f = fields("k_b");
+              c.get_or_compile(f, fc.fn(f));
+              return std::string();
+            }), "");
+  const std::string alices = dir + "/entries/" + before[0];
+  EXPECT_TRUE(!fs::exists(alices) || fs::exists(alices + "/manifest.json"))
+      << "alice's entry half-deleted: " << alices;
+  EXPECT_TRUE(fs::exists(alices + "/manifest.json")) << "alice's entry is hers to evict";
+  FakeCompiler fc;
+  KeyFields f = fields("k_a");
+  EXPECT_EQ(DiskCache(s).get_or_compile(f, fc.fn(f)).origin, Origin::Disk) << "alice's entry still serves";
+}
+
 }  // namespace smla::cache::test

@@ -141,6 +141,31 @@ TEST(Tool, VerifyTellsAnEntryItCannotReadFromADamagedOne) {
   ::chmod(locked.c_str(), 0644);
 }
 
+// A user with no home (no HOME, no XDG_CACHE_HOME, no passwd entry) gets the /tmp fallback, whose privacy check
+// (owned by this user, closed to others) is for that predictable name only. It held for a --dir the user named too: a
+// group's shared directory was refused ("not writable").
+TEST(Tool, ANamedDirectoryIsNotTheTmpFallback) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as a user without a passwd entry";
+  TempDir t;
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const gid_t group = 54360;
+  ASSERT_EQ(group_dir(t / "g", group), "");
+  const mode_t was = ::umask(002);  // entries the group may remove, as a shared cache needs
+  populate(t / "g", 2);
+  ::umask(was);
+  const std::string exe = t / "smla-cache";
+  fs::copy_file(SMLA_CACHE_TOOL, exe);
+  ASSERT_EQ(::chmod(exe.c_str(), 0755), 0);
+  EXPECT_EQ(run_as(54361, group, [&] {
+              ::unsetenv("HOME");
+              ::unsetenv("XDG_CACHE_HOME");
+              ::unsetenv("SMLA_CACHE_DIR");
+              auto [rc, out] = run_cmd(exe + " --dir " + (t / "g") + " prune --max-bytes 0");
+              return rc == 0 ? std::string() : "exit " + std::to_string(rc) + ": " + out;
+            }), "");
+  EXPECT_TRUE(entry_names(t / "g").empty()) << "pruned to 0 by the group's member";
+}
+
 // Output that cannot be written is an I/O error, exit 1, saying so: a listing longer than stdout's buffer aborted on
 // fmt's exception, a short summary (verify) was lost with exit 0.
 TEST(Tool, OutputThatCannotBeWrittenIsAnError) {
