@@ -163,10 +163,10 @@ smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla
 
 smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, const smla_plan_options_t* opt,
                                   smla_plan_t** out) {
+  if (out) *out = nullptr;  // first: nothing the caller could take for a plan on any failure
   if (!rt) return null_arg("runtime");
   if (!p) return null_arg("problem");
   if (!out) return null_arg("out");
-  *out = nullptr;
   smla_plan_options_t o;
   smla_plan_options_init(&o);
   if (opt) {
@@ -213,6 +213,7 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
 }
 
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes) {
+  if (bytes) *bytes = 0;
   if (!plan) return null_arg("plan");
   if (!bytes) return null_arg("bytes");
   *bytes = plan->plan->workspace_bytes();
@@ -242,6 +243,9 @@ smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, vo
 
 smla_status_t smla_plan_index_report(const smla_plan_t* plan, const void* workspace, void* stream,
                                      smla_bad_index_t* out, int* found) {
+  // Cleared first: on any failure the caller reads "nothing found", not what its variables held.
+  if (found) *found = 0;
+  if (out) *out = smla_bad_index_t{};
   if (!plan) return null_arg("plan");
   if (!out) return null_arg("out");
   if (!found) return null_arg("found");

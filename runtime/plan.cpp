@@ -394,6 +394,11 @@ std::string PlanImpl::launch_phase(size_t i) const {
 std::optional<BadIndex> PlanImpl::index_report(const void* workspace, void* stream) const {
   SMLA_REQUIRE(problem_.check_indices, Status::InvalidArgument,
                "index_report() needs a plan made with Problem::check_indices = true");
+  // As run(): a plan made before a fork(), asked in the child, says so before any driver call.
+  std::string gone;
+  if (!backend_->usable(&gone))
+    SMLA_THROW(Status::NoBackend,
+               "the " + backend_->name() + " backend this plan was made for is not usable now: " + gone);
   SMLA_REQUIRE(workspace, Status::InvalidArgument, "index_report(): workspace is null");
   // As run() checks it: the backend's memory, aligned (a misaligned one read another place as the report).
   check_ptr(*backend_, problem_.device, workspace, "index_report(): workspace", WorkspaceLayout::kAlign);

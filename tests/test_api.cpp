@@ -602,7 +602,42 @@ TEST(CApi, IndexReportInC) {
   // The workspace is checked as run() checks it: a misaligned one read another place and reported it as success.
   EXPECT_EQ(smla_plan_index_report(plan, static_cast<char*>(ws) + 1, nullptr, &bad, &found), SMLA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(smla_last_error()).find("index_report(): workspace"), std::string::npos) << smla_last_error();
+  // On a failure the outputs say "nothing found", not what the caller's variables held before.
+  found = 7;
+  std::memset(&bad, 0x5a, sizeof bad);
+  EXPECT_EQ(smla_plan_index_report(plan, static_cast<char*>(ws) + 1, nullptr, &bad, &found), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(found, 0);
+  EXPECT_EQ(bad.count, 0);
+  EXPECT_EQ(bad.value, 0);
+  found = 7;
+  EXPECT_EQ(smla_plan_index_report(nullptr, ws, nullptr, &bad, &found), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(found, 0);
   smla_plan_destroy(plan);
+  smla_runtime_destroy(rt);
+}
+
+// Out-parameters are cleared before any argument check: a C caller that destroys what a failed create left (or reads
+// what a failed query left) saw its own garbage.
+TEST(CApi, NullArgumentsClearTheOutputs) {
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = 16, pb.H = 16, pb.num_kv = 32, pb.topk = 64, pb.backend = SMLA_BACKEND_CPU;
+  int dummy = 0;
+  smla_plan_t* const garbage = reinterpret_cast<smla_plan_t*>(&dummy);
+  smla_plan_t* plan = garbage;
+  EXPECT_EQ(smla_plan_create(nullptr, &pb, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+  plan = garbage;
+  EXPECT_EQ(smla_plan_create(rt, nullptr, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+  plan = garbage;
+  EXPECT_EQ(smla_plan_create_ex(nullptr, &pb, nullptr, &plan), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(plan, nullptr);
+  size_t bytes = 123;
+  EXPECT_EQ(smla_plan_workspace_bytes(nullptr, &bytes), SMLA_INVALID_ARGUMENT);
+  EXPECT_EQ(bytes, 0u);
   smla_runtime_destroy(rt);
 }
 

@@ -166,7 +166,10 @@ int scenario(const std::string& name) {
   }
   if (name == "fork-after-plan") {  // a CUDA plan made before the fork, run in the child (real driver only)
     Runtime rt;
-    auto plan = rt.plan(make_problem(BackendKind::Cuda, kTiny));
+    Problem p = make_problem(BackendKind::Cuda, kTiny);
+    p.check_indices = true;  // for index_report() in the child
+    auto plan = rt.plan(p);
+    void* ws = std::aligned_alloc(256, 4096);
     std::fflush(stdout);
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -175,6 +178,12 @@ int scenario(const std::string& name) {
         std::printf("child run=accepted\n");
       } catch (const Error& e) {
         std::printf("child run=%s: %s\n", status_name(e.status()), e.what());
+      }
+      try {  // it read the report back through the driver in the child
+        plan->index_report(ws, nullptr);
+        std::printf("child index_report=accepted\n");
+      } catch (const Error& e) {
+        std::printf("child index_report=%s: %s\n", status_name(e.status()), e.what());
       }
       std::fflush(stdout);
       ::_exit(0);
@@ -301,6 +310,7 @@ TEST(DriverFork, WithTheRealDriver) {
   EXPECT_TRUE(has(out, "child auto=cpu\n")) << out;
   out = run_scenario("fork-after-plan", false);
   EXPECT_TRUE(has(out, "child run=no backend")) << out;  // before any driver call, with the reason
+  EXPECT_TRUE(has(out, "child index_report=no backend")) << out;
   EXPECT_TRUE(has(out, "before it forked this one")) << out;
   out = run_scenario("cuda-parent-real", false);
   ASSERT_TRUE(has(out, "parent cuInit=0")) << out;

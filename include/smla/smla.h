@@ -56,8 +56,11 @@ typedef struct {
   int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
   int has_sink;                         /* attn_sink given: d_sink produced */
   float scale;                          /* <= 0: 1/sqrt(512); NaN, inf and -inf are refused */
-  int64_t r_chunk;                      /* 0: planner's choice (all of topk; past SMLA_INTERM_BUDGET_BYTES
-                                           the tokens are split: smla_plan_options_t.t_chunk) */
+  int64_t r_chunk;                      /* 0: planner's choice (all of topk, or a tuning database's r_chunk
+                                           for this problem where the tuning database
+                                           (SMLA_TUNING_DB or its default) has one; past
+                                           SMLA_INTERM_BUDGET_BYTES the tokens are split:
+                                           smla_plan_options_t.t_chunk) */
   int lse_base2;                        /* lse is log2-based (TileLang's example forward) */
   int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA's sparse forward: natural log, sink
                                            out, +inf for a token with no valid slot) */
@@ -122,6 +125,7 @@ void smla_tensors_init(smla_tensors_t* t);   /* all null / packed */
 smla_status_t smla_runtime_create(smla_runtime_t** out);
 /* A plan keeps what it runs on alive: it may be used and destroyed after its runtime is. */
 void smla_runtime_destroy(smla_runtime_t* rt);
+/* *out is set to NULL first (when out is not null), so a failed create leaves nothing to destroy. */
 smla_status_t smla_plan_create(smla_runtime_t* rt, const smla_problem_t* p, smla_plan_t** out);
 /* smla_plan_create with options; opt null: the defaults (the same as smla_plan_create). */
 smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, const smla_plan_options_t* opt,
@@ -129,11 +133,13 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
 void smla_plan_destroy(smla_plan_t* plan);
 /* Fills the fields of *info that its struct_size covers. */
 smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info);
+/* *bytes is 0 on failure (a null plan). */
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
 smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
                             size_t workspace_bytes, void* stream);
 /* The first out-of-range top-k index of the last run (a plan made with check_indices), read back from the workspace
-   (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. */
+   (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. On any failure *found
+   is 0 and *out zero (where they are not null). */
 typedef struct {
   int64_t count;  /* how many slots were out of range */
   int64_t t, r;   /* the first one's token and slot */

@@ -80,7 +80,8 @@ struct Problem {
   int64_t head_dim = 512;  ///< must be 512
   bool has_sink = false;   ///< attn_sink given (then d_sink is produced)
   std::optional<float> scale;        ///< default 1/sqrt(512)
-  int64_t r_chunk = 0;     ///< top-k slots a chunk: 0 = all of them (the planner's choice); else a multiple of 16
+  int64_t r_chunk = 0;     ///< top-k slots a chunk: 0 = the planner's choice (all of them, or the tuning database's
+                           ///< r_chunk for this problem where it has one: smla-tune); else a multiple of 16
                            ///< that divides topk. Each further top-k chunk carries dQ in fp32 (~1 ms at 4096 x 128)
   int64_t t_chunk = 0;     ///< tokens a chunk: 0 = the planner's choice (as few equal token chunks as keep the
                            ///< t_chunk x r_chunk x 512 bf16 intermediate within SMLA_INTERM_BUDGET_BYTES, 4 GiB);
