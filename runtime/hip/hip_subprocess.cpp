@@ -112,6 +112,11 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // The host's descriptors not marked close-on-exec (pipes, sockets) are no business of the worker's: held open in it
+  // for up to the compile's time limit, a host's pipe reader saw no end of file, a listening port stayed busy.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#endif
   // The host's signal mask and ignored SIGCHLD / SIGPIPE are no business of the child's.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <fstream>
+#include <locale>
 #include <map>
 #include <sstream>
 
@@ -550,6 +551,8 @@ namespace detail {
 void write_request(const std::string& path, const RenderedSource& src, const std::string& target,
                    const std::vector<std::string>& options) {
   std::ofstream f(path, std::ios::binary);
+  // The lengths in the C locale whatever the host made global: "1,234" in en_US was read back as 1 by the worker.
+  f.imbue(std::locale::classic());
   auto rec = [&](const std::string& s) { f << s.size() << '\n' << s; };
   rec(kRequestFormat);
   rec(target);
@@ -569,6 +572,7 @@ void write_request(const std::string& path, const RenderedSource& src, const std
 bool read_request(const std::string& path, RenderedSource* src, std::string* target,
                   std::vector<std::string>* options) {
   std::ifstream f(path, std::ios::binary);
+  f.imbue(std::locale::classic());
   auto rec = [&](std::string* s) {
     size_t n = 0;
     if (!(f >> n) || f.get() != '\n' || n > (size_t(1) << 30)) return false;

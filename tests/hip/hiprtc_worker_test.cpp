@@ -1,6 +1,10 @@
 // hiprtc_worker_test.cpp: parallel warm-up through smla-hiprtc-worker subprocesses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include <locale>
+
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -386,6 +390,49 @@ TEST(HipRtcWorker, TheRequestCarriesTheOptionsOfTheKey) {
   ASSERT_TRUE(detail::read_request(copy, &back, &target, &opts));
   EXPECT_EQ(opts, HipRtcCompiler().options("gfx90a"));
   EXPECT_EQ(target, "gfx90a");
+}
+
+// The request's lengths in the C locale whatever the host made global: with grouping ("1,234") a worker in the C
+// locale read 1 and refused every source past 999 bytes as "a worker of another smla version".
+TEST(HipRtcWorker, TheRequestIgnoresTheHostsLocale) {
+  struct Grouping : std::numpunct<char> {
+    char do_thousands_sep() const override { return ','; }
+    std::string do_grouping() const override { return "\3"; }
+  };
+  const std::locale was = std::locale::global(std::locale(std::locale::classic(), new Grouping));
+  RenderedSource s{"big.hip", std::string(5000, 'x'), {{"h.h", std::string(1234, 'y')}}};
+  const std::string path = (std::filesystem::temp_directory_path() / "smla-req-locale-test").string();
+  detail::write_request(path, s, "gfx90a", {"-O3"});
+  std::locale::global(std::locale::classic());  // the worker's
+  RenderedSource back;
+  std::string target;
+  std::vector<std::string> opts;
+  const bool read = detail::read_request(path, &back, &target, &opts);
+  std::locale::global(was);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(read);
+  EXPECT_EQ(back.text, s.text);
+  EXPECT_EQ(back.headers, s.headers);
+}
+
+// A worker holds none of the host's descriptors (a pipe not marked close-on-exec stayed open in every worker for up
+// to the compile's time limit: the host's reader saw no end of file).
+TEST(HipRtcWorker, AWorkerInheritsNoneOfTheHostsDescriptors) {
+  TempDir dir("smla-test");
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);  // without O_CLOEXEC, as a host's may be
+  const std::string listing = dir.path() + "/fds";
+  const std::string worker = test::write_script(
+      dir.path(), "smla-hiprtc-worker", "ls /proc/$$/fd > " + listing + "; exit 3");
+  (void)hip_compile_in_subprocesses({test::mfma_source("smla_fds")}, "gfx90a", 1, worker);
+  ::close(p[0]);
+  ::close(p[1]);
+  std::ifstream f(listing);
+  ASSERT_TRUE(f.good()) << "the script worker did not run";
+  std::vector<int> fds;
+  for (int fd; f >> fd;) fds.push_back(fd);
+  EXPECT_EQ(std::count(fds.begin(), fds.end(), p[0]), 0) << "the pipe's read end reached the worker";
+  EXPECT_EQ(std::count(fds.begin(), fds.end(), p[1]), 0) << "the pipe's write end reached the worker";
 }
 
 }  // namespace
