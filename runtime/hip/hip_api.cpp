@@ -112,15 +112,19 @@ Loaded load() {
   // hipRTC moved out of libamdhip64 in ROCm 6.0; prefer the separate library when present: the one
   // already loaded, else the one beside the HIP runtime of its major version (another ROCm's would
   // not match it), else the loader's.
+  // The major version from the library's file name, not hipRuntimeGetVersion: that initializes the whole runtime
+  // (HSA and every GPU: seconds on an 8-GPU node) in each hipRTC worker, which needs no device, and in a host that only
+  // asked whether smla could compile.
   void* rtc = open_first(kHiprtcLoadedNames, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, nullptr);
-  if (!rtc && a.hipRuntimeGetVersion) {
-    int v = 0;
-    const size_t slash = a.hip_library.rfind('/');
-    if (a.hipRuntimeGetVersion(&v) == kHipSuccess && v > 0 && slash != std::string::npos) {
-      const std::string dir = a.hip_library.substr(0, slash + 1);
-      for (const std::string& n : {dir + "libhiprtc.so." + std::to_string(v / 10000000), dir + "libhiprtc.so"})
-        if (!rtc) rtc = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
-    }
+  const size_t slash = a.hip_library.rfind('/');
+  if (!rtc && slash != std::string::npos) {
+    const std::string dir = a.hip_library.substr(0, slash + 1);
+    std::vector<std::string> names;
+    if (const int major = hip_major_of_library(a.hip_library); major > 0)
+      names.push_back(dir + "libhiprtc.so." + std::to_string(major));
+    names.push_back(dir + "libhiprtc.so");
+    for (const std::string& n : names)
+      if (!rtc) rtc = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
   }
   if (!rtc) rtc = open_first(kHiprtcNames, RTLD_NOW | RTLD_LOCAL, nullptr);
   if (!rtc || !dlsym(rtc, "hiprtcCreateProgram")) rtc = hip;
@@ -175,6 +179,21 @@ std::string hip_error_text(const Api& api, hipError_t e) {
 std::string hiprtc_error_text(const Api& api, hiprtcResult r) {
   const char* text = api.hiprtcGetErrorString ? api.hiprtcGetErrorString(r) : nullptr;
   return text ? std::string(text) : "hiprtcResult " + std::to_string(r);
+}
+
+int hip_major_of_library(const std::string& path) {
+  std::string name = path;
+  if (char* real = ::realpath(path.c_str(), nullptr)) {  // libamdhip64.so -> libamdhip64.so.7.0.70000
+    name = real;
+    std::free(real);
+  }
+  name = name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
+  const std::string stem = "libamdhip64.so.";
+  if (name.compare(0, stem.size(), stem) != 0) return 0;
+  int major = 0;
+  size_t i = stem.size();
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && major < 1000; ++i) major = major * 10 + (name[i] - '0');
+  return i > stem.size() && (i == name.size() || name[i] == '.') ? major : 0;
 }
 
 int hip_runtime_version(const Api& api) {

@@ -115,6 +115,9 @@ int hip_runtime_version(const Api& api);
 
 /// "5.2.21153" from a HIP_VERSION number.
 std::string hip_version_string(int version);
+/// The major version in a HIP runtime's file name, after symbolic links (libamdhip64.so.7.0.70000: 7); 0 where the
+/// name has none. Calls nothing of the runtime (hipRuntimeGetVersion initializes every GPU).
+int hip_major_of_library(const std::string& path);
 
 /// The device's full target id (gcnArchName, "gfx942:sramecc+:xnack-").
 std::string device_arch_name(const Api& api, int device);

@@ -130,8 +130,17 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
     return std::make_shared<RocprimKernel>(api, device, sort);
   }
   auto k = std::make_shared<HipKernel>(api, device);
-  SMLA_HIP_CHECK(api, hipModuleLoadData(&k->module_, binary.data()));
-  SMLA_HIP_CHECK(api, hipModuleGetFunction(&k->fn_, k->module_, spec.entry.c_str()));
+  try {
+    SMLA_HIP_CHECK(api, hipModuleLoadData(&k->module_, binary.data()));
+    SMLA_HIP_CHECK(api, hipModuleGetFunction(&k->fn_, k->module_, spec.entry.c_str()));
+  } catch (const Error&) {
+    // A refused binary is handled (recompiled, runtime.cpp), and the error is said in the exception either way. From
+    // ROCm 7 on hipGetLastError returns the last error of the thread until read, whatever succeeded since: left
+    // pending, it failed rocPRIM's next sort and the host's next launch check. Read here, it is gone. (Not run: no
+    // AMD GPU here, and ROCm 5.2's runtime overwrites the error at the next call anyway.)
+    api.hipGetLastError();
+    throw;
+  }
   // AMD needs no opt-in for dynamic LDS up to the device limit; check the limit here so a too
   // large config fails at plan time with a message instead of at launch.
   size_t limit = max_shared_memory(device);

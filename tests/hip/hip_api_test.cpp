@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -42,6 +44,36 @@ TEST(HipApi, SmlaLibhipNamesTheRuntimeAndIsNotSilentlyReplaced) {
               ::testing::ExitedWithCode(1),
               "not opened: SMLA_LIBHIP='/nonexistent/libamdhip64.so' could not be opened .*set it to the path of "
               "libamdhip64.so, or unset it");
+}
+
+// Opening the runtime (as each hipRTC worker does, and a host that asks only whether smla compiles) calls nothing
+// that initializes it: hipRuntimeGetVersion brought up HSA and every GPU (seconds on an 8-GPU node) just to find
+// libhiprtc.so.<major> beside it.
+TEST(HipApi, OpeningTheRuntimeDoesNotInitializeIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(report_opened([] {
+                setenv("SMLA_LIBHIP", SMLA_FAKE_HIP_LIB, 1);
+                setenv("SMLA_FAKE_HIP_VERSION_EXITS", "1", 1);
+              }),
+              ::testing::ExitedWithCode(0), "opened=" SMLA_FAKE_HIP_LIB "\n");
+}
+
+TEST(HipApi, TheMajorVersionIsReadFromTheLibrarysName) {
+  char tmpl[] = "/tmp/smla-hipname-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string real = dir + "/libamdhip64.so.7.0.70000", link = dir + "/libamdhip64.so";
+  std::fclose(std::fopen(real.c_str(), "w"));
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  EXPECT_EQ(hip_major_of_library(link), 7) << "through the link";
+  EXPECT_EQ(hip_major_of_library(real), 7);
+  EXPECT_EQ(hip_major_of_library("/opt/rocm/lib/libamdhip64.so.6"), 6) << "a name that does not exist";
+  EXPECT_EQ(hip_major_of_library("/x/libamdhip64.so"), 0);
+  EXPECT_EQ(hip_major_of_library("/x/libamdhip64.so.x"), 0);
+  EXPECT_EQ(hip_major_of_library("/x/libother.so.7"), 0);
+  ::unlink(link.c_str());
+  ::unlink(real.c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace
