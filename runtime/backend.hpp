@@ -93,10 +93,12 @@ class Backend {
   /// Fork and join for steps that may run beside the main order (Step::side). A backend that
   /// returns null from acquire_side_stream runs every step in order on the caller's stream.
   /// acquire_side_stream: a stream of `device` that is not part of an open graph capture, the
-  /// caller's until release_side_stream. stream_wait: work enqueued on `waiter` from now on waits
-  /// for the work enqueued on `on` so far (no host synchronization).
-  virtual void* acquire_side_stream(int /*device*/) { return nullptr; }
-  virtual void release_side_stream(int /*device*/, void* /*stream*/) {}
+  /// caller's until release_side_stream, for a run on the caller's stream `main` (a side stream last joined to
+  /// another stream may still hold that stream's work: taken for `main`, it would make `main` wait for it).
+  /// stream_wait: work enqueued on `waiter` from now on waits for the work enqueued on `on` so far (no host
+  /// synchronization).
+  virtual void* acquire_side_stream(int /*device*/, void* /*main*/) { return nullptr; }
+  virtual void release_side_stream(int /*device*/, void* /*stream*/, void* /*main*/) {}
   virtual void stream_wait(int /*device*/, void* /*waiter*/, void* /*on*/) {}
   /// Asked only after a launch or stream operation of run() failed: why `stream` cannot take work for `device` (it
   /// belongs to another device, or to a context other than the one the plan's kernels are loaded in), or empty when

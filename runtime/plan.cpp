@@ -355,11 +355,11 @@ void PlanImpl::run_steps(const SmlaParams& base, void* stream) const {
         }
       }
       try {
-        be.release_side_stream(dev, s);  // (a pool's push_back: bad_alloc here would end in std::terminate)
+        be.release_side_stream(dev, s, main);  // (a pool's push_back: bad_alloc here would end in std::terminate)
       } catch (...) {  // the stream stays out of the pool: one stream leaked, nothing else
       }
     }
-  } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev) : nullptr, stream};
+  } side{be, dev, runtime_env().side_stream ? be.acquire_side_stream(dev, stream) : nullptr, stream};
   for (size_t i = 0; i < steps_.size(); ++i) {
     const Step& st = steps_[i];
     if (st.side && side.s) {

@@ -904,6 +904,31 @@ TEST(ApiCuda, TheCallersCurrentContextIsLeftAsItWas) {
   expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
 }
 
+// A side stream goes back to runs on the caller's stream it was last joined to, never to another's: its csr may still be
+// queued behind that stream's work, and the join would make the other stream wait for it (runs on independent streams
+// serialized; deadlocked where one waits on the host). The pool is bounded.
+TEST(ApiCuda, ASideStreamServesOnlyTheStreamItWasJoinedTo) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  cuda::CudaBackend be;  // a pool of its own
+  int keys[40] = {};
+  void* const a = &keys[0];
+  void* const b = &keys[1];
+  void* s1 = be.acquire_side_stream(0, a);
+  ASSERT_NE(s1, nullptr);
+  be.release_side_stream(0, s1, a);
+  void* s2 = be.acquire_side_stream(0, b);
+  EXPECT_NE(s2, s1) << "a side stream last joined to stream a handed to a run on stream b";
+  void* s3 = be.acquire_side_stream(0, a);
+  EXPECT_EQ(s3, s1) << "stream a's side stream not reused for it";
+  be.release_side_stream(0, s2, b);
+  be.release_side_stream(0, s3, a);
+  EXPECT_EQ(be.pooled_side_streams(0), 2u);
+  std::vector<void*> held;
+  for (int i = 2; i < 40; ++i) held.push_back(be.acquire_side_stream(0, &keys[i]));
+  for (int i = 2; i < 40; ++i) be.release_side_stream(0, held[size_t(i - 2)], &keys[i]);
+  EXPECT_EQ(be.pooled_side_streams(0), cuda::CudaBackend::kMaxFreeSideStreams) << "bounded";
+}
+
 // A stream of another context of the plan's device (cuCtxCreate's, not the primary context the plan's kernels are
 // loaded in): run() refuses it naming the stream (the driver alone said "invalid resource handle"), and the plan
 // still runs correctly on a stream of its own afterwards.
@@ -988,8 +1013,8 @@ class ForkingBackend : public Backend {
   PointerInfo pointer_info(const void*, int) const override { return {PointerKind::Device}; }
   size_t max_shared_memory(int) const override { return 0; }
   void read_back(void*, const void*, size_t, void*) const override {}
-  void* acquire_side_stream(int) override { return &side; }
-  void release_side_stream(int, void* s) override { released = s; }
+  void* acquire_side_stream(int, void*) override { return &side; }
+  void release_side_stream(int, void* s, void*) override { released = s; }
   void stream_wait(int, void* waiter, void* on) override { waits.emplace_back(waiter, on); }
   std::string foreign_stream(int, void* s) const override {
     ++foreign_asks;

@@ -79,7 +79,7 @@ CudaBackend::~CudaBackend() {
     if (!ctx_[i]) continue;
     try {
       ContextScope use(ctx_[i]);
-      for (CUstream s : side_[i].free) driver().StreamDestroy(s);
+      for (const auto& f : side_[i].free) driver().StreamDestroy(f.first);
       if (side_[i].event) driver().EventDestroy(side_[i].event);
     } catch (...) {
     }
@@ -260,18 +260,22 @@ PointerInfo CudaBackend::pointer_info(const void* ptr, int device) const {
   return {PointerKind::Device, elsewhere ? ordinal : -1};
 }
 
-// A pooled stream whose capture status is "none": one left joined to a capture that is still open
-// (the caller captured the run into a graph and has not ended the capture) stays in the pool
-// untouched until that capture ends, so two captures, or a capture and a plain run, never share one.
-void* CudaBackend::acquire_side_stream(int device) {
+// A pooled stream last joined to the same caller's stream `main`, whose capture status is "none": one left joined to a
+// capture that is still open (the caller captured the run into a graph and has not ended the capture) stays in the pool
+// untouched until that capture ends, so two captures, or a capture and a plain run, never share one. One last joined
+// to another stream is not taken either: its csr may still be queued behind that stream's work, and this run's join
+// would then make `main` wait for it (runs on independent streams serialized; a deadlock where the other stream waits
+// on the host). No query of the stream's progress: a query during another thread's global-mode capture breaks it.
+void* CudaBackend::acquire_side_stream(int device, void* main) {
   ContextScope use(context(device));
   std::lock_guard<std::mutex> lock(side_mu_);
   if ((int)side_.size() <= device) side_.resize(device + 1);
   Side& sd = side_[device];
-  for (size_t i = 0; i < sd.free.size(); ++i) {
+  for (size_t i = sd.free.size(); i-- > 0;) {  // the most recently joined first
+    if (sd.free[i].second != main) continue;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (driver().StreamIsCapturing(sd.free[i], &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE) {
-      CUstream s = sd.free[i];
+    if (driver().StreamIsCapturing(sd.free[i].first, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUstream s = sd.free[i].first;
       sd.free.erase(sd.free.begin() + (long)i);
       return s;
     }
@@ -283,11 +287,29 @@ void* CudaBackend::acquire_side_stream(int device) {
   return s;
 }
 
-void CudaBackend::release_side_stream(int device, void* stream) {
+size_t CudaBackend::pooled_side_streams(int device) {
+  std::lock_guard<std::mutex> lock(side_mu_);
+  return (int)side_.size() > device ? side_[device].free.size() : 0;
+}
+
+void CudaBackend::release_side_stream(int device, void* stream, void* main) {
   if (!stream) return;
   std::lock_guard<std::mutex> lock(side_mu_);
   if ((int)side_.size() <= device) side_.resize(device + 1);
-  side_[device].free.push_back(static_cast<CUstream>(stream));
+  Side& sd = side_[device];
+  sd.free.emplace_back(static_cast<CUstream>(stream), main);
+  if (sd.free.size() <= kMaxFreeSideStreams || !driver().ok) return;
+  // Bounded (a framework that makes a stream per step would grow it for ever): the oldest not in an open capture goes.
+  // cuStreamDestroy returns at once and its queued work still runs.
+  ContextScope use(context(device));
+  for (size_t i = 0; i < sd.free.size(); ++i) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (driver().StreamIsCapturing(sd.free[i].first, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE) {
+      driver().StreamDestroy(sd.free[i].first);
+      sd.free.erase(sd.free.begin() + (long)i);
+      return;
+    }
+  }
 }
 
 void CudaBackend::stream_wait(int device, void* waiter, void* on) {

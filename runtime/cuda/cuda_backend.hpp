@@ -33,8 +33,13 @@ class CudaBackend : public Backend {
   size_t max_shared_memory(int device) const override;
   void read_back(void* dst, const void* src, size_t bytes, void* stream) const override;
   std::string foreign_stream(int device, void* stream) const override;
-  void* acquire_side_stream(int device) override;
-  void release_side_stream(int device, void* stream) override;
+  void* acquire_side_stream(int device, void* main) override;
+  void release_side_stream(int device, void* stream, void* main) override;
+  /// How many side streams of a device the pool keeps (past it the oldest not in a capture is destroyed: its work
+  /// still completes).
+  static constexpr size_t kMaxFreeSideStreams = 16;
+  /// The side streams of `device` in the pool now (for tests).
+  size_t pooled_side_streams(int device);
   void stream_wait(int device, void* waiter, void* on) override;
 
   /// The device's primary context (retained once per device), for a ContextScope: never left
@@ -49,9 +54,10 @@ class CudaBackend : public Backend {
   NvrtcCompiler compiler_;
   mutable std::mutex mu_;
   mutable std::vector<CUcontext> ctx_;
-  // Side streams (highest priority, non-blocking) not handed out, and one fork/join event, per device.
+  // Side streams (highest priority, non-blocking) not handed out, each with the caller's stream it was last joined to
+  // (oldest first), and one fork/join event, per device.
   struct Side {
-    std::vector<CUstream> free;
+    std::vector<std::pair<CUstream, void*>> free;
     CUevent event = nullptr;
   };
   std::mutex side_mu_;
