@@ -904,6 +904,30 @@ TEST(ApiCuda, TheCallersCurrentContextIsLeftAsItWas) {
   expect_bar("d_sink", ref::compare(g.d_sink, out.d_sink.data(), out.d_sink.size()));
 }
 
+// The last plan of a Runtime already destroyed (README allows it), dropped right after its run(): its modules are
+// unloaded then, with its launches possibly still queued. The unload now waits for the context's work first; the
+// outputs must be the run's. (A smoke test: at this small shape the launches may well be done before the unload, so
+// this passing does not show that the wait is needed.)
+TEST(ApiCuda, APlanDroppedRightAfterItsRunOutlivingItsRuntimeStillComputes) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  const ref::Inputs in = make_case_inputs(kSmall, 53);
+  const Problem p = make_problem(BackendKind::Cuda, kSmall);
+  std::shared_ptr<const Plan> plan;
+  {
+    Runtime rt;
+    plan = rt.plan(p);
+  }
+  tools::CaseRunner cr(p, in);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  plan.reset();  // the modules unloaded here
+  const ref::Grads g = ref::backward(in);
+  const tools::Outputs out = cr.read_outputs();
+  expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
+  expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
+}
+
 // A side stream goes back to runs on the caller's stream it was last joined to, never to another's: its csr may still be
 // queued behind that stream's work, and the join would make the other stream wait for it (runs on independent streams
 // serialized; deadlocked where one waits on the host). The pool is bounded.

@@ -20,6 +20,11 @@ struct CudaKernel : LoadedKernel {
     if (!module || !driver().ok) return;  // a forked child: the driver is not to be called
     try {  // best effort: a destructor must not throw
       ContextScope use(ctx);
+      // Launches of this module may still be queued: the last plan holding it can go right after its run() (the
+      // Runtime, whose map otherwise keeps modules until its own end, may be gone first, as README allows), and the
+      // handle's use after cuModuleUnload is undefined. Wait for the context's work first (a destructor of the
+      // teardown only: while the Runtime lives it holds every module).
+      driver().CtxSynchronize();
       driver().ModuleUnload(module);
     } catch (...) {
     }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "logger.hpp"
 #include "test_util.hpp"
 
 extern char** environ;
@@ -382,6 +383,39 @@ TEST(LockFiles, ClearingInALoopNeverLetsTwoCompilesOfAKeyOverlap) {
   clearer.join();
   EXPECT_EQ(overlaps, 0) << "of " << compiles << " compiles";
   EXPECT_GT(compiles, kKeys) << "the clearing never made anyone recompile: the test showed nothing";
+}
+
+// A fork() while another thread is inside log() (a plan() logs even lines its level filters out): the child's first
+// log() waited for ever on spdlog's registry mutex, which the fork had copied locked. The logger is looked up once now.
+TEST(ForkAndLog, AChildForkedWhileAThreadLogsCanLog) {
+  logger();  // made before the race, as any earlier smla call would have
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop) logger().trace("filtered out");
+  });
+  int hung = 0;
+  for (int i = 0; i < 200 && hung == 0; ++i) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      logger().trace("child");
+      ::_exit(0);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        ++hung;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  stop = true;
+  t.join();
+  EXPECT_EQ(hung, 0) << "a child blocked in its first log()";
 }
 
 }  // namespace smla::cache::test
