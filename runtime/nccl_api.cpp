@@ -22,6 +22,7 @@ struct Api {
   decltype(&::ncclCommInitRank) CommInitRank = nullptr;
   decltype(&::ncclAllReduce) AllReduce = nullptr;
   decltype(&::ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&::ncclCommAbort) CommAbort = nullptr;  // optional (NCCL >= 2.4): without it abort() only forgets the comm
   decltype(&::ncclGetErrorString) GetErrorString = nullptr;
   decltype(&::ncclGetLastError) GetLastError = nullptr;  // optional: older NCCLs lack it
   bool ok = false;
@@ -54,6 +55,7 @@ std::shared_ptr<Api> load(const std::string& path) {
   sym(a->CommInitRank, "ncclCommInitRank", true);
   sym(a->AllReduce, "ncclAllReduce", true);
   sym(a->CommDestroy, "ncclCommDestroy", true);
+  sym(a->CommAbort, "ncclCommAbort", false);
   sym(a->GetErrorString, "ncclGetErrorString", true);
   sym(a->GetLastError, "ncclGetLastError", false);
   if (!a->why.empty()) return a;
@@ -153,13 +155,35 @@ Communicator::Communicator(std::shared_ptr<const Api> api, const UniqueId& id, i
 }
 
 Communicator::~Communicator() {
-  if (comm_) api_->CommDestroy(static_cast<ncclComm_t>(comm_));  // best effort: no throw here
+  if (comm_) {  // best effort: no throw here
+    try {
+      // Under the communicator's context, as every other call: NCCL's group end sets its device back, and on a thread
+      // with no current context that made device 0's primary context current (created where it was not).
+      cuda::ContextScope use(static_cast<CUcontext>(ctx_));
+      api_->CommDestroy(static_cast<ncclComm_t>(comm_));
+    } catch (...) {
+    }
+  }
   CUdevice dev;
   if (retained_ctx_ && cuda::driver().DeviceGet(&dev, device_) == CUDA_SUCCESS)
     cuda::driver().DevicePrimaryCtxRelease(dev);
 }
 
+void Communicator::abort() {
+  void* comm = comm_;
+  comm_ = nullptr;
+  aborted_ = true;
+  if (!comm || !api_->CommAbort) return;  // (an NCCL without ncclCommAbort: the comm is left, never destroyed)
+  try {
+    cuda::ContextScope use(static_cast<CUcontext>(ctx_));
+    api_->CommAbort(static_cast<ncclComm_t>(comm));
+  } catch (...) {
+  }
+}
+
 void Communicator::all_reduce_sum(float* device_buf, size_t count, void* stream) {
+  SMLA_REQUIRE(!aborted_, Status::InvalidArgument,
+               "NCCL communicator of rank " + std::to_string(rank_) + " was aborted (a failed backward): make a new one");
   auto comm = static_cast<ncclComm_t>(comm_);
   cuda::ContextScope use(static_cast<CUcontext>(ctx_));  // the communicator's device, the caller's context kept
   // CUstream and cudaStream_t are the same handle type (CUstream_st*).

@@ -52,6 +52,11 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return nranks_; }
   int device() const { return device_; }
+  /// Ends the communicator at once (ncclCommAbort): NCCL work of this rank in flight is abandoned, and destroying it
+  /// waits for nothing (ncclCommDestroy waited for the collective a failed rank never finished). The other ranks'
+  /// collectives do not end with it: the application aborts them too (smla-seqpar's parent ends the other ranks).
+  /// Later all_reduce_sum calls throw.
+  void abort();
 
  private:
   std::shared_ptr<const Api> api_;
@@ -59,6 +64,7 @@ class Communicator {
   void* ctx_ = nullptr;   // CUcontext: `device`'s primary context, current only inside our calls
   int rank_ = 0, nranks_ = 0, device_ = 0;
   bool retained_ctx_ = false;
+  bool aborted_ = false;
 };
 
 }  // namespace smla::nccl

@@ -148,6 +148,8 @@ HostReducer::HostReducer(std::shared_ptr<HostGroup> group, int rank) : group_(st
 
 void HostReducer::all_reduce_sum(float* buf, size_t count, void* /*stream*/) { group_->reduce(rank_, buf, count); }
 
+void HostReducer::abort(const std::string& why) { group_->abort("rank " + std::to_string(rank_) + " failed: " + why); }
+
 // ---- NcclReducer
 
 NcclReducer::NcclReducer(const nccl::UniqueId& id, int rank, int nranks, int device, const std::string& library) {
@@ -158,6 +160,8 @@ NcclReducer::NcclReducer(const nccl::UniqueId& id, int rank, int nranks, int dev
 void NcclReducer::all_reduce_sum(float* device_buf, size_t count, void* stream) {
   comm_->all_reduce_sum(device_buf, count, stream);
 }
+
+void NcclReducer::abort(const std::string& /*why*/) { comm_->abort(); }
 
 // ---- the rank's backward
 
@@ -178,9 +182,14 @@ void backward(const Plan& plan, const Tensors& t, void* workspace, size_t worksp
                    " but the plan runs on the " + plan.info().backend + " backend" +
                    (host_plan ? ", whose outputs are host memory: use a HostReducer"
                               : ", whose outputs are device memory written asynchronously: use an NcclReducer"));
-  plan.run(t, workspace, workspace_size, stream);
-  reducer.all_reduce_sum(static_cast<float*>(t.dkv), size_t(p.num_kv) * D, stream);
-  if (p.has_sink) reducer.all_reduce_sum(t.d_sink, size_t(p.H), stream);
+  try {
+    plan.run(t, workspace, workspace_size, stream);
+    reducer.all_reduce_sum(static_cast<float*>(t.dkv), size_t(p.num_kv) * D, stream);
+    if (p.has_sink) reducer.all_reduce_sum(t.d_sink, size_t(p.H), stream);
+  } catch (const std::exception& e) {
+    reducer.abort(e.what());  // the other ranks must not wait for this one's reductions for ever
+    throw;
+  }
 }
 
 void round_to_bf16(const float* src, uint16_t* dst, size_t n) {

@@ -63,6 +63,10 @@ class Reducer {
   /// rank's backend uses (host for HostReducer, device for NcclReducer); `stream` orders it
   /// after the backward (ignored by HostReducer, whose CPU ranks are synchronous).
   virtual void all_reduce_sum(float* buf, size_t count, void* stream) = 0;
+  /// This rank failed (backward() calls it before rethrowing): release what waits on it. HostReducer aborts its group
+  /// (the other ranks throw); NcclReducer aborts its communicator, so that this rank can unwind without waiting for a
+  /// collective it will never finish; the other ranks' NCCL collectives must be aborted by the application.
+  virtual void abort(const std::string& /*why*/) {}
 };
 
 /// The meeting point of the ranks of one host that share memory (threads of one process).
@@ -101,6 +105,7 @@ class HostReducer : public Reducer {
   int size() const override { return group_->size(); }
   Memory memory() const override { return Memory::Host; }
   void all_reduce_sum(float* buf, size_t count, void* stream) override;
+  void abort(const std::string& why) override;
 
  private:
   std::shared_ptr<HostGroup> group_;
@@ -119,6 +124,7 @@ class NcclReducer : public Reducer {
   int size() const override { return comm_->size(); }
   Memory memory() const override { return Memory::Device; }
   void all_reduce_sum(float* device_buf, size_t count, void* stream) override;
+  void abort(const std::string& why) override;
 
  private:
   std::unique_ptr<nccl::Communicator> comm_;

@@ -356,6 +356,53 @@ TEST(SeqparCpu, OneRankMatchesThePlainRunBitForBit) {
   EXPECT_TRUE(same_bits(split.d_sink, one.d_sink));
 }
 
+// A rank whose backward fails releases the others by itself: backward() aborts its reducer before rethrowing (the
+// caller had to abort the group, or the other ranks waited for ever in their reduction).
+TEST(SeqparCpu, AFailedRankReleasesTheOthers) {
+  const Problem whole = cpu_problem(33, 16, 40, 32, true);
+  const ref::Inputs in = ref::make_inputs(33, 16, 40, 32, true, 5, ref::TopkKind::Uniform);
+  auto group = std::make_shared<seqpar::HostGroup>(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        const seqpar::TokenRange g = seqpar::split(whole.T, r, 2);
+        auto plan = runtime().plan(seqpar::rank_problem(whole, g));
+        Problem holder = whole;
+        holder.dkv_fp32 = true;
+        tools::CaseRunner cr(holder, in);
+        const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
+        void* ws = cr.workspace(plan->workspace_bytes());
+        seqpar::HostReducer red(group, r);
+        // Rank 1 fails in its run: a workspace one byte short.
+        seqpar::backward(*plan, t, ws, r == 1 ? plan->workspace_bytes() - 1 : cr.workspace_size(), cr.stream(), red);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();  // no abort here: backward() must have done it
+      }
+    });
+  // A deadline instead of a hang: past it the group is aborted from here, and the test fails.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool released = false;
+  for (;;) {
+    {
+      bool both = true;
+      for (const auto& e : errors) both = both && !e.empty();
+      if (both) {
+        released = true;
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!released) group->abort("the test's deadline");
+  for (auto& t : ts) t.join();
+  EXPECT_TRUE(released) << "rank 0 still waited for the failed rank 1";
+  EXPECT_NE(errors[1].find("workspace"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank 1 failed"), std::string::npos) << "rank 0: " << errors[0];
+}
+
 TEST(SeqparCpu, RejectsAPlanWithBf16Dkv) {
   const Problem whole = cpu_problem(8, 16, 8, 32, false);
   auto plan = runtime().plan(whole);  // not a rank problem: dkv_fp32 is false
@@ -478,6 +525,66 @@ TEST(Nccl, MulticastIsForcedOff) {
   ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
   EXPECT_STREQ(std::getenv("NCCL_NVLS_ENABLE"), "0");
   if (before) setenv("NCCL_NVLS_ENABLE", saved.c_str(), 1);  // leave it off anyway if it was unset
+}
+
+// Destroying a communicator leaves the thread's current context as it found it (NCCL's group end set its device back,
+// which on a thread with none made device 0's primary context current).
+TEST(Nccl, DestroyingACommunicatorLeavesNoContextCurrent) {
+  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  std::string problem;
+  std::thread([&] {
+    try {
+      CUcontext cur = nullptr;
+      cuda::driver().CtxSetCurrent(nullptr);
+      { seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0); }
+      cuda::driver().CtxGetCurrent(&cur);
+      if (cur) problem = "a context is current after the communicator went";
+      { seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0); red.abort("test"); }
+      cuda::driver().CtxGetCurrent(&cur);
+      if (cur) problem += "; a context is current after an aborted communicator went";
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }).join();
+  EXPECT_EQ(problem, "");
+}
+
+// The CUDA ranks' path end to end on one GPU: a one-rank seqpar backward over NCCL equals the plain run (dq bits; the
+// fp32 dkv rounded once is the plain run's bf16 dkv; d_sink), and a failed run aborts the communicator.
+TEST(SeqparCuda, OneRankOverNcclMatchesThePlainRun) {
+  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  Problem whole = cpu_problem(65, 64, 200, 160, true);
+  whole.backend = BackendKind::Cuda;
+  const ref::Inputs in = ref::make_inputs(65, 64, 200, 160, true, 9, ref::TopkKind::Benchmark);
+  const Result one = one_rank(whole, in);
+  const seqpar::TokenRange g = seqpar::split(whole.T, 0, 1);
+  auto plan = runtime().plan(seqpar::rank_problem(whole, g));
+  Problem holder = whole;
+  holder.dkv_fp32 = true;
+  tools::CaseRunner cr(holder, in);
+  const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  cr.poison_outputs();
+  seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);
+  seqpar::backward(*plan, t, ws, cr.workspace_size(), cr.stream(), red);
+  const tools::Outputs out = cr.read_outputs();
+  EXPECT_TRUE(out.dq == one.dq) << "dq differs from the plain run";
+  std::vector<uint16_t> dkv(out.dkv_f32.size());
+  seqpar::round_to_bf16(out.dkv_f32.data(), dkv.data(), dkv.size());
+  EXPECT_TRUE(dkv == one.dkv) << "dkv differs from the plain run";
+  EXPECT_TRUE(same_bits(out.d_sink, one.d_sink)) << "d_sink differs from the plain run";
+  // A failed run (a workspace one byte short) aborts the communicator: the next reduction says so.
+  EXPECT_THROW(seqpar::backward(*plan, t, ws, plan->workspace_bytes() - 1, cr.stream(), red), Error);
+  try {
+    red.all_reduce_sum(static_cast<float*>(t.dkv), 1, cr.stream());
+    ADD_FAILURE() << "the communicator was not aborted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Nccl, OneRankOnOneGpuIsTheIdentity) {
