@@ -1,9 +1,9 @@
 // logger.cpp (cache): see logger.hpp.
 #include "logger.hpp"
 
+#include <pthread.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -17,30 +17,39 @@ bool is_log_level(const char* name) {
   return false;
 }
 
+namespace {
+// Every lookup of the logger goes through this mutex, which a fork() takes first (pthread_atfork): so no thread of
+// smla is inside spdlog's registry, holding its mutex, when the process forks. A fork while a thread was there (any
+// plan() logs, even a line its level filters out) left the child blocked in its first log() for ever, even in a
+// Runtime of its own. The logger is still looked up at every call, so a host that registers or replaces "smla" later
+// is followed.
+std::mutex& lookup_mutex() {
+  static std::mutex* m = new std::mutex;  // never destroyed: a log line of a static's destructor at exit still works
+  return *m;
+}
+void hold_lookups_across_fork() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::pthread_atfork([] { lookup_mutex().lock(); }, [] { lookup_mutex().unlock(); },
+                     [] { lookup_mutex().unlock(); });
+  });
+}
+}  // namespace
+
 spdlog::logger& logger() {
-  // Looked up in spdlog's registry once, then held here: the registry's lookup takes its mutex on every call, and a
-  // fork() while another thread held it (any plan() logs, even a line filtered out) left the child blocked in its
-  // first log() for ever, even in a Runtime of its own. Never destroyed (a log line of a static's destructor at exit
-  // finds it still there).
-  static std::atomic<spdlog::logger*> cached{nullptr};
-  if (spdlog::logger* l = cached.load(std::memory_order_acquire)) return *l;
-  static std::mutex m;
-  std::lock_guard<std::mutex> g(m);
-  if (spdlog::logger* l = cached.load(std::memory_order_acquire)) return *l;
-  std::shared_ptr<spdlog::logger> l = spdlog::get("smla");  // the host's own "smla" logger, if it made one first
-  if (!l) {
-    try {
-      l = spdlog::stderr_color_mt("smla");
-      const char* v = std::getenv("SMLA_LOG_LEVEL");
-      l->set_level(spdlog::level::from_str(v && is_log_level(v) ? v : "warn"));
-      l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v");
-    } catch (const spdlog::spdlog_ex&) {  // registered meanwhile outside this function
-      l = spdlog::get("smla");
-    }
+  hold_lookups_across_fork();
+  std::lock_guard<std::mutex> g(lookup_mutex());
+  if (auto l = spdlog::get("smla")) return *l;  // kept alive by the registry
+  std::shared_ptr<spdlog::logger> l;
+  try {
+    l = spdlog::stderr_color_mt("smla");
+  } catch (const spdlog::spdlog_ex&) {  // registered meanwhile outside this function
+    return *spdlog::get("smla");
   }
-  auto* keep = new std::shared_ptr<spdlog::logger>(std::move(l));  // leaked on purpose: see above
-  cached.store(keep->get(), std::memory_order_release);
-  return **keep;
+  const char* v = std::getenv("SMLA_LOG_LEVEL");
+  l->set_level(spdlog::level::from_str(v && is_log_level(v) ? v : "warn"));
+  l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v");
+  return *l;
 }
 
 }  // namespace smla::cache

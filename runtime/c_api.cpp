@@ -58,6 +58,21 @@ smla_status_t guard(F&& f) noexcept {
   }
 }
 
+// A refusal of plan() in the C API's terms: its messages name the C++ Problem's fields ("Problem::t_chunk = 51"),
+// which a C caller does not have; the C structs' names instead, and scale's C convention.
+std::string in_c_terms(std::string m) {
+  auto replace_all = [&m](const std::string& from, const std::string& to) {
+    for (size_t i = m.find(from); i != std::string::npos; i = m.find(from, i + to.size())) m.replace(i, from.size(), to);
+  };
+  replace_all("Problem::t_chunk", "smla_plan_options_t.t_chunk");
+  replace_all("Problem::scale = ", "smla_problem_t.scale = ");
+  replace_all("expected a finite positive number", "expected a finite positive number, or <= 0 for the default");
+  replace_all("Problem::lse.includes_sink", "smla_problem_t.lse_excludes_sink");
+  replace_all("Problem::lse.base2", "smla_problem_t.lse_base2");
+  replace_all("Problem::", "smla_problem_t.");
+  return m;
+}
+
 smla_status_t null_arg(const char* what) noexcept {
   set_error([&] { return std::string("smla: invalid argument: ") + what + " is null"; });
   return SMLA_INVALID_ARGUMENT;
@@ -187,7 +202,12 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     q.backend = static_cast<smla::BackendKind>(enum_bits(p->backend));
     q.device = p->device;
     q.t_chunk = o.t_chunk;
-    auto plan = rt->rt.plan(q);
+    std::shared_ptr<const smla::Plan> plan;
+    try {
+      plan = rt->rt.plan(q);
+    } catch (const smla::Error& e) {
+      throw smla::Error(e.status(), in_c_terms(e.what()), "", 0, e.call());
+    }
     *out = new smla_plan{std::move(plan)};
   });
 }

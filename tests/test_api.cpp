@@ -477,14 +477,14 @@ TEST(CApi, ReportsStatusAndMessage) {
   for (int64_t h : {int64_t(0), int64_t(-1)}) {
     pb.H = h;
     EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << h;
-    EXPECT_NE(std::string(smla_last_error()).find("Problem::H = " + std::to_string(h)), std::string::npos)
+    EXPECT_NE(std::string(smla_last_error()).find("smla_problem_t.H = " + std::to_string(h)), std::string::npos)
         << smla_last_error();
   }
   pb.H = 16;
   for (int64_t k : {int64_t(0), int64_t(-16)}) {
     pb.topk = k;
     EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << k;
-    EXPECT_NE(std::string(smla_last_error()).find("Problem::topk = " + std::to_string(k)), std::string::npos)
+    EXPECT_NE(std::string(smla_last_error()).find("smla_problem_t.topk = " + std::to_string(k)), std::string::npos)
         << smla_last_error();
   }
   pb.topk = 40;  // positive, not a multiple of 16
@@ -533,7 +533,9 @@ TEST(CApi, EdgesOfTheCApi) {
                     -std::numeric_limits<float>::infinity()}) {
     pb.scale = bad;
     EXPECT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_INVALID_ARGUMENT) << bad;
-    EXPECT_NE(std::string(smla_last_error()).find("scale"), std::string::npos) << smla_last_error();
+    EXPECT_NE(std::string(smla_last_error()).find("smla_problem_t.scale"), std::string::npos) << smla_last_error();
+    // In C a scale <= 0 is the default, not an error: the message says so (it said "a finite positive number").
+    EXPECT_NE(std::string(smla_last_error()).find("<= 0 for the default"), std::string::npos) << smla_last_error();
     EXPECT_EQ(plan, nullptr);
   }
   pb.scale = 0;  // the default
