@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -55,7 +56,14 @@ inline std::string describe(const Case& c) {
   return s.str();
 }
 
-inline bool cuda_usable() { return cuda::driver().ok; }
+/// Whether CUDA runs here. With SMLA_TEST_REQUIRE_CUDA=1 (the GPU machine's scripts set it) "no" is also a failure:
+/// a regression in opening the driver would otherwise skip every CUDA test and read as a green run.
+inline bool cuda_usable() {
+  if (cuda::driver().ok) return true;
+  const char* req = std::getenv("SMLA_TEST_REQUIRE_CUDA");
+  if (req && std::string(req) == "1") ADD_FAILURE() << "SMLA_TEST_REQUIRE_CUDA=1 but CUDA is not usable: " << cuda::driver().why;
+  return false;
+}
 inline std::string cuda_why() { return cuda::driver().why; }
 
 /// One process-wide runtime, as a framework would hold it.
@@ -145,19 +153,10 @@ inline tools::Outputs run_case(const Plan& plan, const Problem& p, const Case& c
   return run_poisoned(plan, cr, cr.workspace(plan.workspace_bytes()));
 }
 
-/// Plans (with `cfg` when given) and runs `c` twice on backend `b` (outputs poisoned before each run), checks both
-/// against the float64 reference and against each other bit for bit.
-inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const TileConfig* cfg = nullptr) {
-  SCOPED_TRACE("seed " + std::to_string(seed));  // the inputs of a failure, reproducible
-  const ref::Inputs in = make_case_inputs(c, seed);
-  const Problem p = make_problem(b, c);
-  auto plan = cfg ? shared_runtime().plan(p, *cfg) : shared_runtime().plan(p);
-  const std::vector<float> lse = case_lse(c, in);
-  tools::CaseRunner cr(p, in, &lse, c.strided ? tools::Layout::Strided : tools::Layout::Packed);
-  void* ws = cr.workspace(plan->workspace_bytes());
-  const tools::Outputs first = run_poisoned(*plan, cr, ws);
-  const tools::Outputs second = run_poisoned(*plan, cr, ws);
-
+/// Checks one run's outputs for case c on inputs `in` against the float64 reference: the contract's bar on each
+/// tensor, and token by token (dq), row by row (dkv) and head by head (d_sink), where one wrong token, row or head of
+/// thousands hides under a whole tensor's bar; exact zeros where the contract says 0; nothing written between rows.
+inline void check_against_reference(const Case& c, const ref::Inputs& in, const tools::Outputs& first) {
   const ref::Grads g = ref::backward(in);
   const size_t nq = size_t(c.T) * c.H * 512, nkv = size_t(c.num_kv) * 512;
   expect_bar("dq", ref::compare(g.dq, first.dq.data(), nq));
@@ -186,18 +185,72 @@ inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const Til
   } else {
     expect_bar("dkv", ref::compare(g.dkv, first.dkv.data(), nkv));
   }
-  // The contract: rows no slot points at are 0 (exactly, not merely small).
+  // Row by row: one kv row wrong by half at num_kv 5120 moves the whole tensor's error by ~7e-3 only. The contract's
+  // rows no slot points at are 0 (exactly, not merely small).
   for (int j = 0; j < c.num_kv; ++j) {
-    const double* rr = &g.dkv[size_t(j) * 512];
-    if (!std::all_of(rr, rr + 512, [](double v) { return v == 0; })) continue;
-    for (size_t d = size_t(j) * 512; d < size_t(j + 1) * 512; ++d) {
-      const bool zero = c.dkv_fp32 ? first.dkv_f32[d] == 0.f : (first.dkv[d] & 0x7fff) == 0;
-      ASSERT_TRUE(zero) << "dkv row " << j << " (no slot points at it) is not 0 at column " << d % 512;
+    const std::vector<double> rr(g.dkv.begin() + ptrdiff_t(j) * 512, g.dkv.begin() + ptrdiff_t(j + 1) * 512);
+    if (std::all_of(rr.begin(), rr.end(), [](double v) { return v == 0; })) {
+      for (size_t d = size_t(j) * 512; d < size_t(j + 1) * 512; ++d) {
+        const bool zero = c.dkv_fp32 ? first.dkv_f32[d] == 0.f : (first.dkv[d] & 0x7fff) == 0;
+        ASSERT_TRUE(zero) << "dkv row " << j << " (no slot points at it) is not 0 at column " << d % 512;
+      }
+      continue;
     }
+    const ref::Compare rc = c.dkv_fp32 ? ref::compare(rr, first.dkv_f32.data() + size_t(j) * 512, 512)
+                                       : ref::compare(rr, first.dkv.data() + size_t(j) * 512, 512);
+    ASSERT_TRUE(rc.finite && rc.unwritten == 0 && rc.rel_err <= 5e-2)
+        << "dkv row " << j << ": rel_err " << rc.rel_err << " finite " << rc.finite << " unwritten "
+        << rc.unwritten;
   }
-  if (c.sink) expect_bar("d_sink", ref::compare(g.d_sink, first.d_sink.data(), size_t(c.H)));
+  if (c.sink) {
+    expect_bar("d_sink", ref::compare(g.d_sink, first.d_sink.data(), size_t(c.H)));
+    // Head by head, against the largest head's size (a head's own sum may cancel to near 0).
+    double largest = 0;
+    for (double v : g.d_sink) largest = std::max(largest, std::fabs(v));
+    for (int h = 0; h < c.H; ++h)
+      EXPECT_LE(std::fabs(double(first.d_sink[size_t(h)]) - g.d_sink[size_t(h)]), 1e-2 * largest)
+          << "d_sink of head " << h << ": " << first.d_sink[size_t(h)] << " against " << g.d_sink[size_t(h)];
+  }
   EXPECT_EQ(first.stray_writes, 0u) << "elements between the outputs' rows were written";
+}
+
+/// Plans (with `cfg` when given) and runs `c` twice on backend `b` (outputs poisoned before each run, the workspace
+/// too before the second), checks the first against the float64 reference and both against each other bit for bit.
+inline void run_and_check(BackendKind b, const Case& c, uint64_t seed, const TileConfig* cfg = nullptr) {
+  SCOPED_TRACE("seed " + std::to_string(seed));  // the inputs of a failure, reproducible
+  const ref::Inputs in = make_case_inputs(c, seed);
+  const Problem p = make_problem(b, c);
+  auto plan = cfg ? shared_runtime().plan(p, *cfg) : shared_runtime().plan(p);
+  const std::vector<float> lse = case_lse(c, in);
+  tools::CaseRunner cr(p, in, &lse, c.strided ? tools::Layout::Strided : tools::Layout::Packed);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  const tools::Outputs first = run_poisoned(*plan, cr, ws);
+  cr.poison_workspace();  // the second run may not rely on what the first left there
+  const tools::Outputs second = run_poisoned(*plan, cr, ws);
+  check_against_reference(c, in, first);
   expect_same_bits(first, second);
+}
+
+/// One plan and one workspace, two runs on different inputs (another seed: another top-k), each checked against its
+/// own float64 reference: what a training loop does at every step. A run that kept state of the last one in the
+/// workspace (a csr or row table reused) passed every test that ran the same inputs twice.
+inline void two_inputs_one_workspace(BackendKind b, const Case& c, uint64_t seed_a, uint64_t seed_b) {
+  const Problem p = make_problem(b, c);
+  auto plan = shared_runtime().plan(p);
+  const ref::Inputs a = make_case_inputs(c, seed_a), bb = make_case_inputs(c, seed_b);
+  ASSERT_NE(a.topk, bb.topk) << "the two seeds gave one top-k";
+  const std::vector<float> lse_a = case_lse(c, a), lse_b = case_lse(c, bb);
+  tools::CaseRunner ra(p, a, &lse_a), rb(p, bb, &lse_b);
+  void* ws = ra.workspace(plan->workspace_bytes());
+  {
+    SCOPED_TRACE("first inputs, seed " + std::to_string(seed_a));
+    check_against_reference(c, a, run_poisoned(*plan, ra, ws));
+  }
+  SCOPED_TRACE("second inputs in the first's workspace, seed " + std::to_string(seed_b));
+  rb.poison_outputs();
+  plan->run(rb.tensors(), ws, ra.workspace_size(), rb.stream());
+  ra.sync();
+  check_against_reference(c, bb, rb.read_outputs());
 }
 
 }  // namespace smla::test

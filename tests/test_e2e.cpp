@@ -71,6 +71,9 @@ std::vector<Case> gpu_cases() {
       {257, 128, 1300, 512, 0, true, K::Benchmark, false, false, LseKind::Aiter, false, 100},
       {257, 128, 3000, 1152, 384, true, K::Benchmark, true, true, LseKind::FlashMla, false, 64},
       {1000, 64, 5120, 640, 0, true, K::Benchmark, false, false, LseKind::Aiter, true, 333},
+      // H 128 at top-k 16: one partial dq tile and one partial dkv tile in each of the two head blocks
+      {7, 128, 1, 16, 0, true, K::Uniform},
+      {1, 128, 3, 16, 0, true, K::Uniform, true},
       // the wgmma bodies (H 64, 128) with the caller's options
       with({257, 128, 1300, 512, 0, true, K::Benchmark}, [](Case& c) { c.strided = true, c.scale = 0.05f; }),
       with({257, 128, 3000, 1152, 384, true, K::Benchmark}, [](Case& c) { c.strided = true, c.t_chunk = 64; }),
@@ -95,6 +98,29 @@ TEST(E2E, CudaBackendMatchesReference) {
   for (const Case& c : gpu_cases()) {
     SCOPED_TRACE(describe(c));
     run_and_check(BackendKind::Cuda, c, 2000 + std::random_device{}() % 1000);
+  }
+}
+
+// One plan, one workspace, two different inputs in turn (as every training step): each run against its own float64
+// reference. Chunked (top-k chunks and token chunks) and unchunked, window-and-pool top-k.
+TEST(E2E, OneWorkspaceServesTwoInputsInTurnOnTheCpu) {
+  using K = ref::TopkKind;
+  for (const Case& c : {Case{257, 16, 400, 160, 80, true, K::Benchmark},
+                        Case{65, 64, 300, 64, 16, true, K::Uniform, true, true, LseKind::Aiter, false, 16}}) {
+    SCOPED_TRACE(describe(c));
+    two_inputs_one_workspace(BackendKind::Cpu, c, 71, 72);
+  }
+}
+
+TEST(E2E, OneWorkspaceServesTwoInputsInTurnOnCuda) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  using K = ref::TopkKind;
+  for (const Case& c : {Case{257, 128, 1300, 512, 0, true, K::Benchmark},
+                        Case{257, 128, 3000, 1152, 384, true, K::Benchmark, false, false, LseKind::Aiter, false, 64},
+                        Case{300, 64, 2000, 640, 0, true, K::Benchmark}, Case{4096, 16, 4128, 160, 0, false, K::Benchmark},
+                        Case{257, 16, 400, 160, 80, true, K::Benchmark}}) {
+    SCOPED_TRACE(describe(c));
+    two_inputs_one_workspace(BackendKind::Cuda, c, 73, 74);
   }
 }
 
@@ -144,6 +170,29 @@ TEST(E2E, PersistentDqKeepsTheProducerBodysBits) {
     const ref::Grads g = ref::backward(in);
     expect_bar("dq (dq_impl 4)", ref::compare(g.dq, four.dq.data(), g.dq.size()));
     expect_bar("dkv (dq_impl 4)", ref::compare(g.dkv, four.dkv.data(), g.dkv.size()));
+  }
+}
+
+// Bodies only an explicit config reaches, on the edges of their pipelines: dkv_impl 3 past its three A slots (8 and 10
+// tiles: the producer's slot reuse and empty waits), dq_impl 2 (no producer) over several chunks and ragged 16-row
+// chunks with out-of-range indices.
+TEST(E2E, ExplicitBodiesOnTheEdgesOfTheirPipelines) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
+  if (shared_runtime().plan(make_problem(BackendKind::Cuda, kNanEmptyToken))->info().target != "sm_90a")
+    GTEST_SKIP() << "dq_impl 2/3 and dkv_impl 3 need sm_90a";
+  using K = ref::TopkKind;
+  struct Run {
+    Case c;
+    int dq_impl, dkv_impl;
+  };
+  for (const Run& r : {Run{Case{63, 64, 600, 640, 0, false, K::Benchmark}, 3, 3},
+                       Run{Case{257, 128, 1300, 512, 0, true, K::Benchmark}, 3, 3},
+                       Run{Case{257, 128, 1300, 512, 128, true, K::Benchmark}, 2, 0},
+                       Run{Case{50, 64, 120, 80, 16, true, K::Uniform, false, false, LseKind::Aiter, true}, 2, 0}}) {
+    SCOPED_TRACE(describe(r.c) + " dq_impl " + std::to_string(r.dq_impl) + " dkv_impl " + std::to_string(r.dkv_impl));
+    TileConfig cfg;
+    cfg.dq_impl = r.dq_impl, cfg.dkv_impl = r.dkv_impl;
+    run_and_check(BackendKind::Cuda, r.c, 93, &cfg);
   }
 }
 

@@ -91,6 +91,10 @@ void* CaseRunner::workspace(size_t bytes) {
   return ws_;
 }
 
+void CaseRunner::poison_workspace() {
+  if (ws_) fill32(ws_, ws_bytes_ / 4 * 4, 0x7fa5a5a5u);
+}
+
 void* CaseRunner::stream() const { return stream_ ? static_cast<void*>(stream_->get()) : nullptr; }
 
 void CaseRunner::sync() const {

@@ -55,6 +55,9 @@ class CaseRunner {
   void sync() const;
   /// Fills dq, dkv and d_sink with the reference's poison pattern.
   void poison_outputs();
+  /// Fills the workspace (as workspace() made it) with a poison pattern again: no run may rely on what the last one
+  /// left there.
+  void poison_workspace();
   Outputs read_outputs() const;
 
  private:

@@ -281,8 +281,11 @@ int run(const Options& o) {
   // The outputs of the timed runs: the last of them read back (each plan's, run once more after the other plans'
   // rounds) and compared bitwise with the first, checked run's. The first run alone was read, so a body that did less
   // on later runs (state left in the workspace by the first) was timed at the lower cost and still passed --check.
+  // Outputs poisoned before that run (with one plan there was none: the buffers still held the first run's results,
+  // and a later run that wrote nothing compared equal).
   for (Case& c : cases) {
-    if (cases.size() > 1) c.plan->run(t, cr.workspace(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
+    cr.poison_outputs();
+    c.plan->run(t, cr.workspace(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
     c.out_last = smla::tools::output_digests(cr.read_outputs());
   }
   stage("read_back");
