@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -236,23 +237,34 @@ Result one_rank(const Problem& whole, const ref::Inputs& in) {
 }
 
 // Ranks as threads, each with its own tensors (the whole inputs; its view covers its rows).
+// Rank r of n: its plan, the whole problem's tensors (dkv in fp32) viewed as its share, and a workspace.
+struct RankRun {
+  std::shared_ptr<const Plan> plan;
+  std::unique_ptr<tools::CaseRunner> cr;
+  Tensors t;
+  void* ws = nullptr;
+  RankRun(const Problem& whole, const ref::Inputs& in, int r, int n) {
+    const seqpar::TokenRange g = seqpar::split(whole.T, r, n);
+    plan = runtime().plan(seqpar::rank_problem(whole, g));
+    Problem holder = whole;
+    holder.dkv_fp32 = true;  // CaseRunner then allocates an fp32 dkv
+    cr = std::make_unique<tools::CaseRunner>(holder, in);
+    t = seqpar::rank_view(whole, cr->tensors(), g);
+    ws = cr->workspace(plan->workspace_bytes());
+  }
+};
+
 Result seqpar_ranks(const Problem& whole, const ref::Inputs& in, int n) {
   auto group = std::make_shared<seqpar::HostGroup>(n);
   std::vector<tools::Outputs> outs(static_cast<size_t>(n));
   std::vector<std::string> errors;
   run_ranks(n, [&](int r) {
     try {
-      const seqpar::TokenRange g = seqpar::split(whole.T, r, n);
-      auto plan = runtime().plan(seqpar::rank_problem(whole, g));
-      Problem holder = whole;
-      holder.dkv_fp32 = true;  // CaseRunner then allocates an fp32 dkv
-      tools::CaseRunner cr(holder, in);
-      const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
-      void* ws = cr.workspace(plan->workspace_bytes());
-      cr.poison_outputs();
+      RankRun k(whole, in, r, n);
+      k.cr->poison_outputs();
       seqpar::HostReducer red(group, r);
-      seqpar::backward(*plan, t, ws, cr.workspace_size(), cr.stream(), red);
-      outs[size_t(r)] = cr.read_outputs();
+      seqpar::backward(*k.plan, k.t, k.ws, k.cr->workspace_size(), k.cr->stream(), red);
+      outs[size_t(r)] = k.cr->read_outputs();
     } catch (const std::exception& e) {
       group->abort(e.what());  // the other ranks must not wait for this one
       throw;
@@ -367,16 +379,11 @@ TEST(SeqparCpu, AFailedRankReleasesTheOthers) {
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
       try {
-        const seqpar::TokenRange g = seqpar::split(whole.T, r, 2);
-        auto plan = runtime().plan(seqpar::rank_problem(whole, g));
-        Problem holder = whole;
-        holder.dkv_fp32 = true;
-        tools::CaseRunner cr(holder, in);
-        const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
-        void* ws = cr.workspace(plan->workspace_bytes());
+        RankRun k(whole, in, r, 2);
         seqpar::HostReducer red(group, r);
         // Rank 1 fails in its run: a workspace one byte short.
-        seqpar::backward(*plan, t, ws, r == 1 ? plan->workspace_bytes() - 1 : cr.workspace_size(), cr.stream(), red);
+        seqpar::backward(*k.plan, k.t, k.ws, r == 1 ? k.plan->workspace_bytes() - 1 : k.cr->workspace_size(),
+                         k.cr->stream(), red);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();  // no abort here: backward() must have done it
       }
@@ -561,26 +568,20 @@ TEST(SeqparCuda, OneRankOverNcclMatchesThePlainRun) {
   whole.backend = BackendKind::Cuda;
   const ref::Inputs in = ref::make_inputs(65, 64, 200, 160, true, 9, ref::TopkKind::Benchmark);
   const Result one = one_rank(whole, in);
-  const seqpar::TokenRange g = seqpar::split(whole.T, 0, 1);
-  auto plan = runtime().plan(seqpar::rank_problem(whole, g));
-  Problem holder = whole;
-  holder.dkv_fp32 = true;
-  tools::CaseRunner cr(holder, in);
-  const Tensors t = seqpar::rank_view(whole, cr.tensors(), g);
-  void* ws = cr.workspace(plan->workspace_bytes());
-  cr.poison_outputs();
+  RankRun k(whole, in, 0, 1);
+  k.cr->poison_outputs();
   seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);
-  seqpar::backward(*plan, t, ws, cr.workspace_size(), cr.stream(), red);
-  const tools::Outputs out = cr.read_outputs();
+  seqpar::backward(*k.plan, k.t, k.ws, k.cr->workspace_size(), k.cr->stream(), red);
+  const tools::Outputs out = k.cr->read_outputs();
   EXPECT_TRUE(out.dq == one.dq) << "dq differs from the plain run";
   std::vector<uint16_t> dkv(out.dkv_f32.size());
   seqpar::round_to_bf16(out.dkv_f32.data(), dkv.data(), dkv.size());
   EXPECT_TRUE(dkv == one.dkv) << "dkv differs from the plain run";
   EXPECT_TRUE(same_bits(out.d_sink, one.d_sink)) << "d_sink differs from the plain run";
   // A failed run (a workspace one byte short) aborts the communicator: the next reduction says so.
-  EXPECT_THROW(seqpar::backward(*plan, t, ws, plan->workspace_bytes() - 1, cr.stream(), red), Error);
+  EXPECT_THROW(seqpar::backward(*k.plan, k.t, k.ws, k.plan->workspace_bytes() - 1, k.cr->stream(), red), Error);
   try {
-    red.all_reduce_sum(static_cast<float*>(t.dkv), 1, cr.stream());
+    red.all_reduce_sum(static_cast<float*>(k.t.dkv), 1, k.cr->stream());
     ADD_FAILURE() << "the communicator was not aborted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
