@@ -206,7 +206,7 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     try {
       plan = rt->rt.plan(q);
     } catch (const smla::Error& e) {
-      throw smla::Error(e.status(), in_c_terms(e.what()), "", 0, e.call());
+      throw smla::Error(e.status(), in_c_terms(e.message()), e.file(), e.line(), e.call());
     }
     *out = new smla_plan{std::move(plan)};
   });

@@ -45,6 +45,7 @@ int main(void) {
   EXPECT(strstr(smla_last_error(), "t_chunk") != NULL);
   EXPECT(strstr(smla_last_error(), "smla_plan_options_t.t_chunk") != NULL); /* the C struct's name, not C++'s */
   EXPECT(strstr(smla_last_error(), "Problem::") == NULL);
+  EXPECT(strstr(smla_last_error(), "smla: invalid argument: smla:") == NULL); /* said once */
   /* A C enum holds any int: one outside the enumerators is refused by name (read without undefined behaviour on the
    * C++ side, which the sanitizer build checks), and a status string is given for any value. */
   opt.t_chunk = 0;
