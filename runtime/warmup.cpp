@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -163,7 +164,16 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   cuda::NvrtcCompiler nvrtc;
   hip::HipRtcCompiler hiprtc(/*probe_targets=*/true, opts.hip_worker);
   std::unique_ptr<TuningDb> db;
-  if (opts.use_tuning_db) db = std::make_unique<TuningDb>(opts.tuning_db, tuning_runtime_version(sources));
+  if (opts.use_tuning_db && opts.configs.empty()) {  // (explicit configs replace the tuned ones)
+    db = std::make_unique<TuningDb>(opts.tuning_db, tuning_runtime_version(sources));
+    res.tuning_db = db->path();
+    std::error_code ec;
+    res.tuning_db_exists = std::filesystem::exists(res.tuning_db, ec);
+    if (!res.tuning_db_exists)
+      log().warn("warm-up: tuning database {} does not exist: only the heuristic configs are warmed (a job that reads "
+                 "another database, SMLA_TUNING_DB, compiles its tuned kernels at its start; --tuning-db names it)",
+                 res.tuning_db);
+  }
   const size_t budget = opts.interm_budget ? opts.interm_budget : runtime_env().interm_budget;
 
   // ---- plan: every (target, problem) -> steps -> keyed translation units, deduplicated
@@ -239,7 +249,10 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
         if (db)
           for (const TileConfig& tuned : db->lookup_target(target, p)) {
             const ShapeInfo s = shape_with_config(p, &tuned, budget, target);
-            if (shape_supported(family, s, nullptr)) add_shape(s);
+            if (shape_supported(family, s, nullptr)) {
+              add_shape(s);
+              ++res.tuned_configs;
+            }
           }
       } catch (const std::exception& e) {
         res.errors.push_back(target + " " + describe_problem(p) + ": " + first_line(e));
@@ -259,8 +272,10 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
       SMLA_THROW(Status::InvalidArgument,
                  "cannot write the warm-up output directory " + opts.out_dir + " (" + why + "); pick another --out");
     cache::Settings ro = cache::settings_from_env();
+    // The /tmp fallback of a user without a home keeps its privacy check (it is the default --out there); a directory
+    // the caller named is not that fallback.
+    ro.dir_in_shared_tmp = ro.dir_in_shared_tmp && opts.out_dir == ro.dir;
     ro.dir = opts.out_dir;
-    ro.dir_in_shared_tmp = false;  // named by the caller: not the /tmp fallback of a user without a home
     ro.system_dir.clear();
     ro.disable = false;
     ro.readonly = true;
@@ -283,8 +298,8 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
 
   // ---- compile into the output directory, as its user cache (unbounded: never evict here)
   cache::Settings cs = cache::settings_from_env();
+  cs.dir_in_shared_tmp = cs.dir_in_shared_tmp && opts.out_dir == cs.dir;  // (as the dry run's above)
   cs.dir = opts.out_dir;
-  cs.dir_in_shared_tmp = false;
   cs.system_dir.clear();
   cs.disable = false;
   cs.readonly = false;

@@ -36,6 +36,12 @@ struct WarmupResult {
   double seconds = 0;
   std::vector<WarmupItem> items;    ///< one per distinct translation unit and target
   std::vector<std::string> errors;  ///< failures before any kernel (unknown target, unsupported shape); each counts in `failed`
+  /// The tuning database read (empty when WarmupOptions::use_tuning_db is off), whether that file exists, and how many
+  /// of its tuned configs had their kernels added: a job whose plan() applies a tuned config this warm-up never saw
+  /// (another user's database, a path that does not exist here) compiles it at its start.
+  std::string tuning_db;
+  bool tuning_db_exists = false;
+  int tuned_configs = 0;
 };
 
 struct WarmupOptions {

@@ -785,6 +785,66 @@ TEST(WarmupTool, CacheWarningsStayOffStdout) {
   EXPECT_EQ(r.err.find("ignoring"), std::string::npos) << "SMLA_LOG_LEVEL=off: " << r.err;
 }
 
+// Which tuning database a warm-up read, whether it exists and how many tuned configs it warmed: a warm-up run as
+// another user (root on a login node) read that user's database, or none, and said nothing, so every job whose plan()
+// applied its own tuned configs compiled them at its start.
+TEST(WarmupTool, SaysWhichTuningDatabaseItRead) {
+  TempDir scratch;
+  // The default database (warmup_tool sets SMLA_TUNING_DB to a file that does not exist); a named --tuning-db that
+  // does not exist is refused outright.
+  const std::string absent = scratch.path + "/no-tuning.json";
+  ToolRun r = warmup_tool("--arch sm_90a --shape 4096,128,5120,512 --dry-run --json", scratch);
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json j = json_of(r);
+  EXPECT_EQ(j.value("tuning_db", std::string()), absent) << r.out;
+  EXPECT_FALSE(j.value("tuning_db_exists", true));
+  EXPECT_EQ(j.value("tuned_configs", -1), 0);
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  const std::string db = scratch.path + "/tuning.json";
+  TuningEntry e;
+  e.config.dkv_impl = 1;
+  TuningDb(db).store("sm_90a/NVIDIA H200/132sm", seed_problem(), e);
+  r = warmup_tool("--arch sm_90a --shape 4096,128,5120,512 --dry-run --json --tuning-db " + db, scratch);
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = json_of(r);
+  EXPECT_EQ(j.value("tuning_db", std::string()), db);
+  EXPECT_TRUE(j.value("tuning_db_exists", false));
+  EXPECT_EQ(j.value("tuned_configs", -1), 1);
+  r = warmup_tool("--arch sm_90a --shape 4096,128,5120,512 --dry-run --tuning-db " + db, scratch);
+  EXPECT_NE(r.out.find("tuning database " + db + ": 1 tuned config(s) warmed"), std::string::npos) << r.out;
+}
+
+// A user without a home (no HOME, XDG_CACHE_HOME or passwd entry) warms /tmp/smla-cache-<uid> by default: that
+// predictable name keeps its privacy check (another user's directory there is neither read nor written), as the
+// runtime's cache does; only a directory the caller names with --out is taken as given.
+TEST(WarmupTool, TheTmpFallbackKeepsItsPrivacyCheck) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as a user without a home";
+  const uid_t uid = 54371;
+  const std::string fallback = "/tmp/smla-cache-" + std::to_string(uid);
+  std::error_code ec;
+  fs::remove_all(fallback, ec);
+  ASSERT_TRUE(fs::create_directory(fallback));
+  ASSERT_EQ(::chmod(fallback.c_str(), 0777), 0);  // root's, open to all: planted
+  const std::string exe = (fs::read_symlink("/proc/self/exe").parent_path() / "smla-warmup").string();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) ::_exit(99);
+    for (const char* v : {"HOME", "XDG_CACHE_HOME", "SMLA_CACHE_DIR", "SMLA_TUNING_DB"}) ::unsetenv(v);
+    const std::string cmd = exe + " --arch sm_90a --shape 64,16,80,32 --no-tuned >/dev/null 2>&1";
+    const int st = std::system(cmd.c_str());
+    ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 98);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  const bool wrote = fs::exists(fallback + "/entries");
+  fs::remove_all(fallback, ec);
+  ASSERT_NE(code, 99) << "could not become uid " << uid;
+  EXPECT_NE(code, 0) << "warmed another user's directory in /tmp";
+  EXPECT_FALSE(wrote) << "wrote into another user's directory in /tmp";
+}
+
 TEST(WarmupTool, NoGpuAndNoArchNamesTheOption) {
   TempDir scratch;
   std::string why;

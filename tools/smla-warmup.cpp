@@ -136,6 +136,9 @@ int warm(const Options& o, Request& q) {
     j["out"] = w.out_dir;
     j["targets"] = targets;
     j["problems"] = problems.size();
+    j["tuning_db"] = r.tuning_db.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.tuning_db);
+    j["tuning_db_exists"] = r.tuning_db_exists;
+    j["tuned_configs"] = r.tuned_configs;
     j["errors"] = nlohmann::json::array();
     for (const auto& e : r.errors) j["errors"].push_back(e);
     j["kernels"] = nlohmann::json::array();
@@ -161,6 +164,9 @@ int warm(const Options& o, Request& q) {
       if (it.state == smla::WarmupItem::State::Failed)
         std::printf("failed: %s [%s] for %s: %s\n", it.kernel.c_str(), it.tag.c_str(), it.target.c_str(), it.error.c_str());
     for (const auto& e : r.errors) std::printf("failed: %s\n", e.c_str());
+    if (!r.tuning_db.empty())
+      std::printf("tuning database %s%s: %d tuned config(s) warmed beside the heuristic's\n", r.tuning_db.c_str(),
+                  r.tuning_db_exists ? "" : " (does not exist)", r.tuned_configs);
     std::printf("%s%zu problem(s) x %zu target(s): %zu distinct kernel(s); compiled %d, already cached %d, failed %d "
                 "in %.1f s -> %s\n",
                 o.dry_run ? "dry run: " : "", problems.size(), targets.size(), r.items.size(), r.compiled, r.cached,
