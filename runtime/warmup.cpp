@@ -170,7 +170,9 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     std::error_code ec;
     res.tuning_db_exists = std::filesystem::exists(res.tuning_db, ec);
     if (!res.tuning_db_exists)
-      log().warn("warm-up: tuning database {} does not exist: only the heuristic configs are warmed (a job that reads "
+      // (Said in the report, WarmupResult::tuning_db_exists; a warning at every warm-up of a site that never tunes
+      // would be noise.)
+      log().info("warm-up: tuning database {} does not exist: only the heuristic configs are warmed (a job that reads "
                  "another database, SMLA_TUNING_DB, compiles its tuned kernels at its start; --tuning-db names it)",
                  res.tuning_db);
   }
