@@ -85,14 +85,13 @@ void* CaseRunner::workspace(size_t bytes) {
   if (bytes > ws_bytes_ || !ws_) {
     ws_ = add(nullptr, std::max<size_t>(bytes, 256));
     ws_bytes_ = std::max<size_t>(bytes, 256);
-    // Poison the workspace too: no phase may rely on it being zero.
-    fill32(ws_, ws_bytes_ / 4 * 4, 0x7fa5a5a5u);
+    poison_workspace();  // no phase may rely on it being zero
   }
   return ws_;
 }
 
 void CaseRunner::poison_workspace() {
-  if (ws_) fill32(ws_, ws_bytes_ / 4 * 4, 0x7fa5a5a5u);
+  if (ws_) fill32(ws_, ws_bytes_ / 4 * 4, 0x7fa5a5a5u);  // a NaN pattern in fp32, garbage in bf16 and int32
 }
 
 void* CaseRunner::stream() const { return stream_ ? static_cast<void*>(stream_->get()) : nullptr; }
