@@ -163,13 +163,18 @@ const char* dtype_name(DType d) {
   return "unknown";
 }
 
+void PlanImpl::require_usable_backend() const {
+  // A plan made before a fork(), used in the child: say why CUDA cannot run there before any driver call fails.
+  std::string gone;
+  if (!backend_->usable(&gone))
+    SMLA_THROW(Status::NoBackend,
+               "the " + backend_->name() + " backend this plan was made for is not usable now: " + gone);
+}
+
 SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t workspace_size) const {
   const Backend& be = *backend_;
   const Problem& p = problem_;
-  // A plan made before a fork(), run in the child: say why CUDA cannot run there before any driver call fails.
-  std::string gone;
-  if (!be.usable(&gone))
-    SMLA_THROW(Status::NoBackend, "the " + be.name() + " backend this plan was made for is not usable now: " + gone);
+  require_usable_backend();
   const int64_t H = p.H, D = 512;
   const TensorDTypes& dt = t.dtypes;
   check_dtype(dt.q, DType::BF16, "q");
@@ -394,11 +399,7 @@ std::string PlanImpl::launch_phase(size_t i) const {
 std::optional<BadIndex> PlanImpl::index_report(const void* workspace, void* stream) const {
   SMLA_REQUIRE(problem_.check_indices, Status::InvalidArgument,
                "index_report() needs a plan made with Problem::check_indices = true");
-  // As run(): a plan made before a fork(), asked in the child, says so before any driver call.
-  std::string gone;
-  if (!backend_->usable(&gone))
-    SMLA_THROW(Status::NoBackend,
-               "the " + backend_->name() + " backend this plan was made for is not usable now: " + gone);
+  require_usable_backend();  // as run()
   SMLA_REQUIRE(workspace, Status::InvalidArgument, "index_report(): workspace is null");
   // As run() checks it: the backend's memory, aligned (a misaligned one read another place as the report).
   check_ptr(*backend_, problem_.device, workspace, "index_report(): workspace", WorkspaceLayout::kAlign);

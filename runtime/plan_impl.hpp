@@ -24,6 +24,9 @@ class PlanImpl : public Plan {
   /// Validates the tensors and workspace (throws naming the argument) and fills the params
   /// common to every step.
   SmlaParams base_params(const Tensors& t, void* workspace, size_t workspace_size) const;
+  /// Throws NoBackend when the plan's backend cannot run now (a plan made before a fork(), used in the child), before
+  /// any driver call: run() and index_report() ask it first.
+  void require_usable_backend() const;
   /// Step i's params: its chunk, pass, and for a token chunk its tokens' offsets.
   SmlaParams step_params(size_t i, const SmlaParams& base) const;
   void launch_step(size_t i, const SmlaParams& base, void* stream) const;
