@@ -108,6 +108,24 @@ bool shape_supported(const std::string& family, const ShapeInfo& s, std::string*
   return true;
 }
 
+// The configs tuned for `p` on every device of `target`, under each lse convention: the database keys its entries by
+// the convention (a job's plan() looks up its own), while no kernel depends on it (the convention is a run-time
+// argument), so a problem from --shape, which has the default convention, would have missed the entries a job with
+// base-2 lse tuned. Duplicates dropped.
+std::vector<TileConfig> tuned_configs_of(const TuningDb& db, const std::string& target, const Problem& p) {
+  std::vector<TileConfig> out;
+  for (bool base2 : {p.lse.base2, !p.lse.base2})
+    for (bool includes_sink : {p.lse.includes_sink, !p.lse.includes_sink}) {
+      Problem q = p;
+      q.lse.base2 = base2;
+      q.lse.includes_sink = includes_sink;
+      if (!q.has_sink && !includes_sink) continue;  // no sink, nothing to exclude (validate_problem refuses it)
+      for (const TileConfig& c : db.lookup_target(target, q))
+        if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> present_targets(std::string* why) {
@@ -156,6 +174,11 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   // The settings a warm-up plans with (SMLA_INTERM_BUDGET_BYTES chooses the chunks, hence the kernels): a value that
   // cannot be read is said here as a Runtime says it (it was ignored without a word).
   for (const std::string& w : runtime_env().warnings) log().warn("{}", w);
+  // The warm-up writes (or, dry run, reads) its directory whatever SMLA_CACHE_DISABLE says; a plan() in this
+  // environment would read no cache and compile every kernel, which "cached" must not hide.
+  if (cache::settings_from_env().disable)
+    log().warn("SMLA_CACHE_DISABLE is set: this warm-up still {} {}, but a plan() run with it set compiles every kernel "
+               "and reads no cache", opts.dry_run ? "lists what is in" : "fills", opts.out_dir);
   SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
   WarmupResult res;
   // The sources plan() will compile: the option, else SMLA_KERNEL_SRC_DIR as the runtime reads it, else
@@ -249,12 +272,14 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
         // as plan() falls back then).
         add_shape(shape_with_config(p, nullptr, budget, target));
         if (db)
-          for (const TileConfig& tuned : db->lookup_target(target, p)) {
-            const ShapeInfo s = shape_with_config(p, &tuned, budget, target);
-            if (shape_supported(family, s, nullptr)) {
-              add_shape(s);
-              ++res.tuned_configs;
-            }
+          for (const TileConfig& tuned : tuned_configs_of(*db, target, p)) {
+            // Judged as plan() judges a tuned entry (the chunk pairs, then the target's kernels): one it would pass
+            // over for the heuristic is skipped here, not a failure of the problem.
+            if (!tuned_entry_fits(family == "cuda" ? BackendKind::Cuda : BackendKind::Hip, p, tuned, budget, target,
+                                  nullptr))
+              continue;
+            add_shape(shape_with_config(p, &tuned, budget, target));
+            ++res.tuned_configs;
           }
       } catch (const std::exception& e) {
         res.errors.push_back(target + " " + describe_problem(p) + ": " + first_line(e));

@@ -376,6 +376,73 @@ TEST(Warmup, TunedPersistentDqBodyIsWarmed) {
             1) << "the H200's mma.sync body (dq_impl 1) was not warmed";
 }
 
+// A tuned entry plan() would pass over for the heuristic (here its r_chunk makes too many chunk pairs at this interm
+// budget) is skipped by the warm-up too: the problem's heuristic kernels are listed and nothing fails. It failed the
+// whole problem before.
+TEST(Warmup, ATunedEntryPlanPassesOverIsSkippedNotAFailure) {
+  TempDir scratch;
+  WarmupOptions o = dry_run_options(scratch.path + "/aot");
+  o.use_tuning_db = true;
+  o.tuning_db = scratch.path + "/tuning.json";
+  o.interm_budget = 16 << 10;  // one token a chunk: the heuristic's 4096 x 1 pairs, the tuned r_chunk's 4096 x 32
+  const Problem p = seed_problem();
+  TuningEntry e;
+  e.config.r_chunk = 16;
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H200/132sm", p, e);
+  std::string why;
+  ASSERT_FALSE(tuned_entry_fits(BackendKind::Cuda, p, e.config, o.interm_budget, "sm_90a", &why))
+      << "the entry was meant to be one plan() passes over";
+  ASSERT_NE(why.find("chunk pairs"), std::string::npos) << why;
+  const WarmupResult r = warm_kernels({p}, {"sm_90a"}, o);
+  EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
+  EXPECT_EQ(r.tuned_configs, 0);
+  o.use_tuning_db = false;
+  const WarmupResult heuristic = warm_kernels({p}, {"sm_90a"}, o);
+  ASSERT_EQ(heuristic.failed, 0);
+  ASSERT_EQ(r.items.size(), heuristic.items.size());
+  for (size_t i = 0; i < r.items.size(); ++i) EXPECT_EQ(r.items[i].entry, heuristic.items[i].entry);
+}
+
+// The database keys a tuned entry by the lse convention of the job that tuned it, and no kernel depends on that
+// convention: a --shape problem (the default convention) warms the configs tuned under the others too.
+TEST(Warmup, TunedEntriesOfEveryLseConventionAreWarmed) {
+  TempDir scratch;
+  WarmupOptions o = dry_run_options(scratch.path + "/aot");
+  o.use_tuning_db = true;
+  o.tuning_db = scratch.path + "/tuning.json";
+  auto dq_tags = [&](const Problem& p) {
+    const WarmupResult r = warm_kernels({p}, {"sm_90a"}, o);
+    EXPECT_EQ(r.failed, 0) << (r.errors.empty() ? "" : r.errors[0]);
+    std::vector<std::string> tags;
+    for (const auto& it : r.items)
+      if (it.kernel == "dq") tags.push_back(it.tag);
+    return std::make_pair(tags, r.tuned_configs);
+  };
+  Problem base2 = seed_problem();
+  base2.lse.base2 = true;
+  TuningEntry e;
+  e.config.dq_impl = 4;
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H200/132sm", base2, e);
+  Problem excl = seed_problem();
+  excl.lse.includes_sink = false;
+  e.config.dq_impl = 1;
+  TuningDb(o.tuning_db).store("sm_90a/NVIDIA H200/132sm", excl, e);
+  const auto [tags, tuned] = dq_tags(seed_problem());
+  EXPECT_EQ(tuned, 2);
+  ASSERT_EQ(tags.size(), 3u);
+  EXPECT_EQ(std::count_if(tags.begin(), tags.end(),
+                          [](const std::string& t) { return t.find("DQW_PERSIST1") != std::string::npos; }),
+            1) << "the base-2 job's tuned dq_impl 4 was not warmed";
+  EXPECT_EQ(std::count_if(tags.begin(), tags.end(),
+                          [](const std::string& t) { return t.find("DQ_WGMMA") == std::string::npos; }),
+            1) << "the excluding job's tuned dq_impl 1 was not warmed";
+  // Without a sink there is nothing to exclude: only the base-2 entry (stored with a sink) is of another problem, so
+  // nothing tuned is warmed for the sinkless problem.
+  Problem no_sink = seed_problem();
+  no_sink.has_sink = false;
+  EXPECT_EQ(dq_tags(no_sink).second, 0);
+}
+
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
   TempDir scratch;
   WarmupOptions o = dry_run_options(scratch.path);
@@ -814,6 +881,20 @@ TEST(WarmupTool, SaysWhichTuningDatabaseItRead) {
   EXPECT_EQ(j.value("tuned_configs", -1), 1);
   r = warmup_tool("--arch sm_90a --shape 4096,128,5120,512 --dry-run --tuning-db " + db, scratch);
   EXPECT_NE(r.out.find("tuning database " + db + ": 1 tuned config(s) warmed"), std::string::npos) << r.out;
+}
+
+// SMLA_CACHE_DISABLE=1 in the warm-up's environment: it still fills (or lists) its directory, and says that a plan()
+// with that setting reads no cache (a dry run's "cached" would otherwise promise what such a job does not get).
+TEST(WarmupTool, SaysThatACacheDisabledPlanCompilesAnyway) {
+  TempDir scratch;
+  ToolRun r = warmup_tool("--arch sm_90a --shape 64,16,128,16 --sink off --dry-run --out " + scratch.path + "/aot",
+                          scratch, "SMLA_CACHE_DISABLE=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("SMLA_CACHE_DISABLE is set: this warm-up still lists what is in " + scratch.path + "/aot"),
+            std::string::npos) << r.err;
+  r = warmup_tool("--arch sm_90a --shape 64,16,128,16 --sink off --dry-run --out " + scratch.path + "/aot", scratch);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("SMLA_CACHE_DISABLE"), std::string::npos) << r.err;
 }
 
 // A user without a home (no HOME, XDG_CACHE_HOME or passwd entry) warms /tmp/smla-cache-<uid> by default: that
