@@ -297,7 +297,10 @@ ProbeVerdict probe_verdict(const HipWorkerResult& r) {
   return ProbeVerdict::NoVerdict;
 }
 
-ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker) {
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker, bool* worker_ran,
+                          int* worker_exit) {
+  if (worker_ran) *worker_ran = false;
+  if (worker_exit) *worker_exit = -1;
   // A malformed id or another processor is refused as such: no worker runs (hipRTC took
   // "gfx90a:xnack" for a target and crashed on it; it aborts compiling the kernels for gfx908).
   if (!hip_target_supported(target, why)) return ProbeVerdict::Refused;
@@ -319,6 +322,8 @@ ProbeVerdict probe_target(const std::string& target, std::string* why, const std
     return ProbeVerdict::NoVerdict;  // not cached: a worker may appear later (e.g. a path hint)
   }
   const ProbeVerdict v = probe_verdict(r.at(0));
+  if (worker_ran) *worker_ran = r[0].exit_status >= 0 || r[0].signal > 0;
+  if (worker_exit) *worker_exit = r[0].exit_status;
   if (v == ProbeVerdict::NoVerdict || v == ProbeVerdict::TimedOut) {  // not cached: the next compile probes again
     if (why) {
       *why = "the hipRTC probe of " + target + " gave no verdict: " + r[0].error;
@@ -406,16 +411,22 @@ std::string HipRtcCompiler::base_identity() const {
     std::vector<uint8_t> bin;
     const std::string fallback = "gfx90a";
     std::string why;
-    const detail::ProbeVerdict v = detail::probe_target(fallback, &why, worker_);
-    // A worker that hung on the probe: hipRTC in this process would hang plan() with no time limit. Said instead (the
-    // identity is asked again by the next plan()).
-    if (v == detail::ProbeVerdict::TimedOut)
+    bool worker_ran = false;
+    int worker_exit = -1;
+    const detail::ProbeVerdict v = detail::probe_target(fallback, &why, worker_, &worker_ran, &worker_exit);
+    // A worker that hung on the probe: hipRTC in this process would hang plan() with no time limit. One that ran and
+    // gave no verdict for another reason (killed by a signal: the OOM killer, a SIGTERM; a worker of another smla
+    // version) says nothing of whether hipRTC here would survive it either. Both are said instead (the identity is
+    // asked again by the next plan()); only a worker without hipRTC (exit 4), or none at all, leaves the probe to this
+    // process, as compile() does.
+    if (v == detail::ProbeVerdict::TimedOut ||
+        (v == detail::ProbeVerdict::NoVerdict && worker_ran && worker_exit != 4))
       throw Error(Status::CompileError, "the compiler's identity (part of every AMD cache key) is unknown: " + why,
                   __FILE__, __LINE__, "hiprtcCompileProgram");
     if (v == detail::ProbeVerdict::Known) {
       std::lock_guard<std::mutex> lk(probes().m);
       bin = probes().any_binary;
-    } else if (v == detail::ProbeVerdict::NoVerdict) {  // no worker, or it failed: gfx90a is safe here
+    } else if (v == detail::ProbeVerdict::NoVerdict) {  // no worker, or one without hipRTC: gfx90a is safe here
       std::lock_guard<std::mutex> lk(compile_mutex());
       bin = compile_locked(api, RenderedSource{"smla_probe.cpp", kProbeSource, {}}, fallback,
                            options(fallback)).binary;

@@ -111,7 +111,10 @@ enum class ProbeVerdict { Known, Refused, NoVerdict, TimedOut };
 /// worker could not try, was killed by SIGKILL or SIGTERM, could not start, its exit status was lost).
 ProbeVerdict probe_verdict(const HipWorkerResult& r);
 /// hip_target_known with the verdict; a Refused `why` adds, for gfx950 and gfx942, the ROCm they need.
-ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "");
+/// `worker_ran` (optional): set to whether a worker process ran this probe and gave its exit status (false: a cached
+/// verdict, no worker found, or none could start); `worker_exit` to that status (-1 when killed by a signal).
+ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "",
+                          bool* worker_ran = nullptr, int* worker_exit = nullptr);
 /// Forgets the cached verdicts (tests).
 void forget_probes();
 /// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and

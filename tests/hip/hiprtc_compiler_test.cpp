@@ -273,6 +273,29 @@ TEST(HipTargetProbe, AKilledProbeIsNoVerdictAndTheNextProbeDecides) {
   detail::forget_probes();
 }
 
+// The compiler identity's probe: a worker killed on it (the OOM killer, a SIGTERM) is an error of this plan(), not a
+// reason to run hipRTC in this process, where a crash ends the host. A worker without hipRTC (exit 4) leaves the probe
+// to this process, as compile() does. (The identity is computed once a process; a failed one is not kept.)
+TEST(HipRtcCompiler, AKilledIdentityProbeIsAnErrorNotAnInProcessCompile) {
+  SMLA_REQUIRE_HIPRTC();
+  detail::forget_probes();
+  TempDir dir("smla-test");
+  const std::string killed = test::write_script(dir.path(), "w-kill", "kill -KILL $$");
+  try {
+    const std::string id = HipRtcCompiler(true, killed).identity();
+    ADD_FAILURE() << "the identity came from a compile in this process: " << id;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("identity (part of every AMD cache key) is unknown"), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("gave no verdict"), std::string::npos) << e.message();
+  }
+  const std::string no_rtc = test::write_script(dir.path(), "w-no-rtc", "exit 4");
+  const std::string id = HipRtcCompiler(true, no_rtc).identity();
+  EXPECT_NE(id.find("clang version"), std::string::npos) << id;
+  detail::forget_probes();
+}
+
 TEST(HipTargetProbe, ACrashOnTheProbeIsCachedAndNamesTheRocmOnlyWhereOneIsNeeded) {
   detail::forget_probes();
   TempDir dir("smla-test");
