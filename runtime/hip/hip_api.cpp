@@ -101,6 +101,7 @@ Loaded load() {
   SMLA_BIND(hip, hipFuncSetAttribute);
   SMLA_BIND(hip, hipPointerGetAttributes);
   SMLA_BIND(hip, hipStreamSynchronize);
+  SMLA_BIND(hip, hipDeviceSynchronize);
   SMLA_BIND(hip, hipMalloc);
   SMLA_BIND(hip, hipFree);
   SMLA_BIND(hip, hipMemcpy);

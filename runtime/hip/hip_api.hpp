@@ -74,6 +74,7 @@ struct Api {
   hipError_t (*hipFuncSetAttribute)(const void* fn, int attr, int value);
   hipError_t (*hipPointerGetAttributes)(PointerAttributes* attrs, const void* ptr);
   hipError_t (*hipStreamSynchronize)(hipStream_t stream);
+  hipError_t (*hipDeviceSynchronize)();
   hipError_t (*hipStreamGetDevice)(hipStream_t stream, hipDevice_t* device);  // optional (not in ROCm 5.2)
   hipError_t (*hipMalloc)(void** ptr, size_t bytes);
   hipError_t (*hipFree)(void* ptr);

@@ -10,30 +10,6 @@
 namespace smla::hip {
 namespace {
 
-class HipKernel : public LoadedKernel {
- public:
-  HipKernel(const Api& api, int device) : api_(api), device_(device), pid_(::getpid()) {}
-  ~HipKernel() override {
-    // Not in a child forked after the module was loaded (a plan destroyed there, e.g. at a fork worker's exit): the
-    // HIP runtime is not to be called in such a child, as CUDA's ~CudaKernel does not call the driver there.
-    if (module_ && ::getpid() == pid_) api_.hipModuleUnload(module_);  // nothing to report from a destructor
-  }
-  const Api& api_;
-  int device_;
-  pid_t pid_;  // the process that loaded the module
-  hipModule_t module_ = nullptr;
-  hipFunction_t fn_ = nullptr;
-};
-
-// The csr sort ("@rocprim"): rocPRIM's radix_sort_pairs from libsmla_rocprim.so, no module.
-class RocprimKernel : public LoadedKernel {
- public:
-  RocprimKernel(const Api& api, int device, const RocprimSort* sort) : api_(api), device_(device), sort_(sort) {}
-  const Api& api_;
-  int device_;
-  const RocprimSort* sort_;
-};
-
 // Makes `device` current for the scope and puts the caller's device back at its end, also on a throw (the CUDA
 // backend's ContextScope): a framework thread (PyTorch-ROCm) keeps allocating and launching on the device it had.
 class DeviceScope {
@@ -55,6 +31,38 @@ class DeviceScope {
   const Api& api_;
   int prev_ = 0;
   bool switched_ = false;
+};
+
+class HipKernel : public LoadedKernel {
+ public:
+  HipKernel(const Api& api, int device) : api_(api), device_(device), pid_(::getpid()) {}
+  ~HipKernel() override {
+    // Not in a child forked after the module was loaded (a plan destroyed there, e.g. at a fork worker's exit): the
+    // HIP runtime is not to be called in such a child, as CUDA's ~CudaKernel does not call the driver there.
+    if (!module_ || ::getpid() != pid_) return;
+    try {  // best effort: nothing to report from a destructor
+      // Launches of this module may still be queued (the last plan holding it can go right after its run(), the
+      // Runtime gone first): wait for the device's work before the unload, as ~CudaKernel does. Compile-checked only.
+      DeviceScope use(api_, device_);
+      api_.hipDeviceSynchronize();
+      api_.hipModuleUnload(module_);
+    } catch (...) {
+    }
+  }
+  const Api& api_;
+  int device_;
+  pid_t pid_;  // the process that loaded the module
+  hipModule_t module_ = nullptr;
+  hipFunction_t fn_ = nullptr;
+};
+
+// The csr sort ("@rocprim"): rocPRIM's radix_sort_pairs from libsmla_rocprim.so, no module.
+class RocprimKernel : public LoadedKernel {
+ public:
+  RocprimKernel(const Api& api, int device, const RocprimSort* sort) : api_(api), device_(device), sort_(sort) {}
+  const Api& api_;
+  int device_;
+  const RocprimSort* sort_;
 };
 
 }  // namespace

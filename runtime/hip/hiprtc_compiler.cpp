@@ -391,10 +391,28 @@ std::string HipRtcCompiler::identity() const {
   return base_identity() + detail::hiprtc_env_options();
 }
 
+namespace {
+// The identity without the environment, once computed (a failed computation keeps nothing: the next plan() asks again).
+struct IdentityCache {
+  std::mutex m;
+  std::string id;
+};
+IdentityCache& identity_cache() {
+  static IdentityCache c;
+  return c;
+}
+}  // namespace
+
+void detail::forget_identity() {
+  std::lock_guard<std::mutex> lk(identity_cache().m);
+  identity_cache().id.clear();
+}
+
 std::string HipRtcCompiler::base_identity() const {
-  static std::once_flag once;
-  static std::string id;
-  std::call_once(once, [this] {
+  IdentityCache& cache = identity_cache();
+  std::lock_guard<std::mutex> lk(cache.m);
+  if (!cache.id.empty()) return cache.id;
+  {
     const Api& api = Api::require();
     std::ostringstream s;
     s << "hip-runtime=" << hip_runtime_version(api);
@@ -434,9 +452,9 @@ std::string HipRtcCompiler::base_identity() const {
     ElfInfo elf = read_elf(bin);
     s << ";clang=";
     for (size_t i = 0; i < elf.comments.size(); ++i) s << (i ? "|" : "") << elf.comments[i];
-    id = s.str();
-  });
-  return id;
+    cache.id = s.str();
+  }
+  return cache.id;
 }
 
 CompileResult HipRtcCompiler::compile_with(const RenderedSource& src, const std::string& target,

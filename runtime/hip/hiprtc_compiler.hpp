@@ -117,6 +117,8 @@ ProbeVerdict probe_target(const std::string& target, std::string* why, const std
                           bool* worker_ran = nullptr, int* worker_exit = nullptr);
 /// Forgets the cached verdicts (tests).
 void forget_probes();
+/// Forgets the computed compiler identity (tests): the next identity() probes again.
+void forget_identity();
 /// ";HIPRTC_COMPILE_OPTIONS_APPEND=<v>;HIPRTC_LINK_OPTIONS_APPEND=<v>" for those set and
 /// non-empty: options hipRTC adds to every compile or link, so part of the compiler identity.
 std::string hiprtc_env_options();

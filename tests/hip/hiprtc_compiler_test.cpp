@@ -275,11 +275,12 @@ TEST(HipTargetProbe, AKilledProbeIsNoVerdictAndTheNextProbeDecides) {
 
 // The compiler identity's probe: a worker killed on it (the OOM killer, a SIGTERM) is an error of this plan(), not a
 // reason to run hipRTC in this process, where a crash ends the host. A worker without hipRTC (exit 4) leaves the probe
-// to this process, as compile() does. (The identity is computed once a process; a failed one is not kept.)
+// to this process, as compile() does.
 TEST(HipRtcCompiler, AKilledIdentityProbeIsAnErrorNotAnInProcessCompile) {
   SMLA_REQUIRE_HIPRTC();
-  detail::forget_probes();
   TempDir dir("smla-test");
+  detail::forget_probes();
+  detail::forget_identity();
   const std::string killed = test::write_script(dir.path(), "w-kill", "kill -KILL $$");
   try {
     const std::string id = HipRtcCompiler(true, killed).identity();
@@ -293,6 +294,8 @@ TEST(HipRtcCompiler, AKilledIdentityProbeIsAnErrorNotAnInProcessCompile) {
   const std::string no_rtc = test::write_script(dir.path(), "w-no-rtc", "exit 4");
   const std::string id = HipRtcCompiler(true, no_rtc).identity();
   EXPECT_NE(id.find("clang version"), std::string::npos) << id;
+  // Computed once: a killed worker now changes nothing.
+  EXPECT_EQ(HipRtcCompiler(true, killed).identity(), id);
   detail::forget_probes();
 }
 
