@@ -30,6 +30,7 @@
 #include "smla/smla.hpp"
 #include "tests/reference/reference.hpp"
 #include "tools/case_runner.hpp"
+#include "tools/tune_check.hpp"
 
 namespace {
 
@@ -158,49 +159,6 @@ smla::ref::Inputs timing_inputs(const smla::Problem& p, uint64_t seed) {
   return in;
 }
 
-struct Checker {
-  smla::Problem p;
-  smla::ref::Inputs in;
-  smla::ref::Grads ref;
-  std::vector<float> lse;
-  std::unique_ptr<smla::tools::CaseRunner> runner;
-
-  // The problem at a small T with the same H, topk, sink, lse convention and num_kv/T ratio.
-  Checker(const smla::Problem& big, int check_t, uint64_t seed) : p(big) {
-    p.T = std::min<int64_t>(big.T, check_t);
-    p.num_kv = std::max<int64_t>(1, std::llround(double(big.num_kv) * double(p.T) / double(big.T)));
-    in = smla::ref::make_inputs(int(p.T), int(p.H), int(p.num_kv), int(p.topk), p.has_sink, seed,
-                                smla::ref::TopkKind::Benchmark);
-    ref = smla::ref::backward(in);
-    lse = smla::ref::lse_in_mode(in, p.lse.base2, !p.lse.includes_sink);
-    runner = std::make_unique<smla::tools::CaseRunner>(p, in, &lse);
-  }
-
-  // "" when dq, dkv and d_sink meet the bar; else what failed.
-  std::string check(smla::Runtime& rt, const smla::TileConfig& cfg) {
-    auto plan = rt.plan(p, cfg);
-    runner->poison_outputs();
-    plan->run(runner->tensors(), runner->workspace(plan->workspace_bytes()), plan->workspace_bytes(), runner->stream());
-    runner->sync();
-    const smla::tools::Outputs out = runner->read_outputs();
-    std::string bad;
-    auto one = [&](const char* name, const smla::ref::Compare& c) {
-      if (!smla::ref::meets_bar(c)) {
-        char b[160];
-        std::snprintf(b, sizeof(b), "%s rel_err %.2e cos %.6f%s%s; ", name, c.rel_err, c.cosine,
-                      c.finite ? "" : " non-finite", c.unwritten ? " unwritten" : "");
-        bad += b;
-      }
-    };
-    const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
-    one("dq", smla::ref::compare(ref.dq, out.dq.data(), nq));
-    if (p.dkv_fp32) one("dkv", smla::ref::compare(ref.dkv, out.dkv_f32.data(), nkv));
-    else one("dkv", smla::ref::compare(ref.dkv, out.dkv.data(), nkv));
-    if (p.has_sink) one("d_sink", smla::ref::compare(ref.d_sink, out.d_sink.data(), size_t(p.H)));
-    return bad;
-  }
-};
-
 double time_config(smla::Runtime& rt, const smla::Problem& p, const smla::TileConfig& cfg,
                    smla::tools::CaseRunner& cr, const Options& o) {
   auto plan = rt.plan(p, cfg);
@@ -256,7 +214,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
     }
   }
 
-  Checker checker(p, o.check_t, o.seed + 1);
+  smla::tools::TuneChecker checker(p, o.check_t, o.seed + 1);
   const smla::ref::Inputs tin = timing_inputs(p, o.seed);
   std::vector<float> tlse = tin.lse;
   smla::tools::CaseRunner timer(p, tin, &tlse);
@@ -265,7 +223,7 @@ nlohmann::json tune_one(smla::Runtime& rt, smla::TuningDb& db, smla::Problem p, 
     if (!c.heuristic && seconds_since(t0) > o.max_seconds) break;  // the heuristic is always measured
     ++tried;
     try {
-      const std::string bad = checker.check(rt, c.cfg);
+      const std::string bad = checker.check([&](const smla::Problem& q) { return rt.plan(q, c.cfg); });
       if (!bad.empty()) {
         c.state = "wrong";
         c.detail = bad;
@@ -418,8 +376,9 @@ int main(int argc, char** argv) {
       "r_chunk is tuned) (default: the seed shape 4096,128,5120,512; --sink applies to it too). Every problem is\n"
       "validated before the first is tuned, and the database checked writable; a problem that then fails on the\n"
       "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked\n"
-      "against the float64 reference at the contract's bar on T = --check-t (same H, topk, sink and num_kv/T\n"
-      "ratio), then timed at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
+      "against the float64 reference at the contract's bar on T = --check-t (same H, topk, sink and lse\n"
+      "convention) on two inputs, the benchmark top-k at the num_kv/T ratio and a uniform top-k that fills every\n"
+      "slot, each run on a poisoned workspace; then timed at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json, else (no home)\n"
       "/tmp/smla-tuning-<uid>/tuning.json while it is this user's alone; entries are keyed by device (target,\n"
       "name and SMs: an H100 and an H200 keep their own), H, topk, sink, lse convention, dkv dtype and the\n"
