@@ -64,6 +64,13 @@ TEST(HipDevice, LoadLaunchAndReadBackKeepTheCallersDevice) {
   EXPECT_EQ(stub("smla_stub_hip_sync_device"), 1) << "read_back() waited for another device's null stream";
   EXPECT_EQ(rep[0], 0);
   EXPECT_EQ(current_device(), 0) << "read_back() left device 1 current";
+
+  // The module's unload (its last holder gone): after device 1's work, on device 1, and device 0 current again.
+  k.reset();
+  EXPECT_EQ(stub("smla_stub_hip_unload_device"), 1) << "the module was not unloaded on device 1";
+  EXPECT_EQ(stub("smla_stub_hip_devsync_device"), 1) << "device 1's work was not waited for";
+  EXPECT_EQ(stub("smla_stub_hip_devsync_then_unload"), 1) << "the unload did not come right after the wait";
+  EXPECT_EQ(current_device(), 0) << "the unload left device 1 current";
 }
 
 // A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP

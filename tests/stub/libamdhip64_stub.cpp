@@ -15,7 +15,10 @@ constexpr uint64_t kDeviceBase = 0xd00000000000ull;
 
 thread_local int g_current = 0;
 // The device current at the last call of each kind (-1: never called).
-int g_launch_device = -1, g_sync_device = -1, g_copy_device = -1, g_load_device = -1;
+int g_launch_device = -1, g_sync_device = -1, g_copy_device = -1, g_load_device = -1, g_devsync_device = -1,
+    g_unload_device = -1;
+// The order of the last device synchronize and the last module unload (0: never called).
+int g_calls = 0, g_devsync_call = 0, g_unload_call = 0;
 
 bool is_device(const void* p) { return (reinterpret_cast<uint64_t>(p) >> 44) == (kDeviceBase >> 44); }
 int ordinal_of(const void* p) { return int((reinterpret_cast<uint64_t>(p) >> 32) & 0xf); }
@@ -38,6 +41,10 @@ STUB int smla_stub_hip_launch_device() { return g_launch_device; }
 STUB int smla_stub_hip_sync_device() { return g_sync_device; }
 STUB int smla_stub_hip_copy_device() { return g_copy_device; }
 STUB int smla_stub_hip_load_device() { return g_load_device; }
+STUB int smla_stub_hip_devsync_device() { return g_devsync_device; }
+STUB int smla_stub_hip_unload_device() { return g_unload_device; }
+// 1 when the last unload came right after a device synchronize.
+STUB int smla_stub_hip_devsync_then_unload() { return g_devsync_call > 0 && g_unload_call == g_devsync_call + 1; }
 
 // Streams: the handles smla_stub_hip_stream(device) gives (none is created); hipStreamGetDevice knows no other.
 constexpr uint64_t kStreamBase = 0xe000000;
@@ -100,7 +107,16 @@ STUB int hipModuleLoadData(void** module, const void*) {
   g_load_device = g_current;
   return kOk;
 }
-STUB int hipModuleUnload(void*) { return kOk; }
+STUB int hipModuleUnload(void*) {
+  g_unload_device = g_current;
+  g_unload_call = ++g_calls;
+  return kOk;
+}
+STUB int hipDeviceSynchronize() {
+  g_devsync_device = g_current;
+  g_devsync_call = ++g_calls;
+  return kOk;
+}
 STUB int hipModuleGetFunction(void** fn, void*, const char*) {
   static int functions;
   *fn = &functions;
