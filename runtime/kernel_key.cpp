@@ -9,6 +9,12 @@ std::string defines_tag(const KernelSpec& spec) {
   return tag.empty() ? "default" : tag;
 }
 
+std::string defines_id(const KernelSpec& spec) {
+  std::string id;
+  for (const auto& d : spec.defines) id += d.first + "=" + std::to_string(d.second) + ";";
+  return id;
+}
+
 cache::KeyFields kernel_key_fields(const KernelSpec& spec, const KernelSources& sources, const RtcCompiler& rtc,
                                    const std::string& target, RenderedSource* rendered) {
   RenderedSource src = sources.render(spec, rtc.family());

@@ -34,6 +34,10 @@ struct __attribute__((visibility("hidden"))) Runtime::Impl {
   std::unique_ptr<cache::DiskCache> disk;
   std::mutex mu;
   std::map<std::string, std::shared_ptr<LoadedKernel>> loaded;  // in-process: key -> module
+  // One mutex a key of `loaded`, held from its lookup to its insertion: two plan() calls of one kernel at once load it
+  // once. (The second loaded its own module and dropped it at once; on CUDA that drop waited for the whole context's
+  // work inside plan(): another thread's long kernels, a stream waiting on the host.)
+  std::map<std::string, std::shared_ptr<std::mutex>> loading;
   Counters counters;
 
   explicit Impl(RuntimeOptions o)
@@ -69,17 +73,27 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
   }
   // In-process: the loaded function, keyed by everything that selects it, checked before any
   // rendering or hashing so a repeated plan() costs a map lookup per kernel.
+  // The compiler's identity too: HIP's follows the environment (HIPRTC_COMPILE_OPTIONS_APPEND), as the disk key does.
   const std::string mem_key = be.name() + "|" + target + "|" + std::to_string(device) + "|" + spec.stem + "|" +
-                              defines_tag(spec) + "|" + spec.entry;
-  {
+                              defines_id(spec) + "|" + spec.entry + "|" + rtc->identity();
+  auto loaded_here = [&]() -> std::shared_ptr<LoadedKernel> {
     std::lock_guard<std::mutex> lock(mu);
     auto it = loaded.find(mem_key);
-    if (it != loaded.end()) {
-      ++counters.memory_hits;
-      ++info.reused_in_process;
-      return it->second;
-    }
+    if (it == loaded.end()) return nullptr;
+    ++counters.memory_hits;
+    ++info.reused_in_process;
+    return it->second;
+  };
+  if (auto k = loaded_here()) return k;
+  std::shared_ptr<std::mutex> key_mu;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    std::shared_ptr<std::mutex>& m = loading[mem_key];
+    if (!m) m = std::make_shared<std::mutex>();
+    key_mu = m;
   }
+  std::lock_guard<std::mutex> key_lock(*key_mu);
+  if (auto k = loaded_here()) return k;  // loaded by the plan() this one waited for
   // On disk: one entry per translation unit (all entries of a source share one binary).
   RenderedSource src;
   const cache::KeyFields f = kernel_key_fields(spec, sources, *rtc, target, &src);

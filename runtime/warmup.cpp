@@ -236,7 +236,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
         SMLA_THROW(Status::Unsupported, "not supported by the " + family + " kernels: " + why);
       for (const Step& st : order_steps(s, kernels)) {
         if (!st.spec.stem.empty() && st.spec.stem[0] == '@') continue;  // a library routine (rocPRIM): nothing to compile
-        const std::string tu = st.spec.stem + "|" + defines_tag(st.spec);
+        const std::string tu = st.spec.stem + "|" + defines_id(st.spec);
         auto known = seen.find(tu);
         if (known == seen.end()) {
           RenderedSource src;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -953,6 +954,76 @@ TEST(ApiCuda, ASideStreamServesOnlyTheStreamItWasJoinedTo) {
   for (int i = 2; i < 40; ++i) held.push_back(be.acquire_side_stream(0, &keys[i]));
   for (int i = 2; i < 40; ++i) be.release_side_stream(0, held[size_t(i - 2)], &keys[i]);
   EXPECT_EQ(be.pooled_side_streams(0), cuda::CudaBackend::kMaxFreeSideStreams) << "bounded";
+}
+
+// CU_STREAM_PER_THREAD is one handle for a different stream on every thread: a side stream joined to one thread's goes
+// back to that thread's runs only (it went to any thread's, whose run then waited for the first thread's work).
+TEST(ApiCuda, PerThreadStreamsOfTwoThreadsGetTheirOwnSideStreams) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  cuda::CudaBackend be;  // a pool of its own
+  void* const per_thread = static_cast<void*>(CU_STREAM_PER_THREAD);
+  void* theirs = nullptr;
+  std::thread([&] {
+    theirs = be.acquire_side_stream(0, per_thread);
+    be.release_side_stream(0, theirs, per_thread);
+  }).join();
+  ASSERT_NE(theirs, nullptr);
+  void* mine = be.acquire_side_stream(0, per_thread);
+  EXPECT_NE(mine, theirs) << "another thread's per-thread stream's side stream handed to this thread";
+  be.release_side_stream(0, mine, per_thread);
+  EXPECT_EQ(be.acquire_side_stream(0, per_thread), mine) << "this thread's own side stream not reused for it";
+  be.release_side_stream(0, mine, per_thread);
+}
+
+// Two plan() calls of one problem at once, each compiling its kernels (no cache): each kernel is loaded once, and
+// neither call waits for other work of the context. The second loaded its own module and dropped it at once, and that
+// drop waited for the whole context (cuCtxSynchronize): here a stream held by a host function until the test lets it
+// go, so plan() hung.
+TEST(ApiCuda, TwoPlansOfOneProblemAtOnceWaitForNoOtherWork) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  cuda::ensure_context();
+  void* h = dlopen(cuda::driver().path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  using HostFn = void (*)(void*);
+  using LaunchHostFunc = CUresult (*)(CUstream, HostFn, void*);
+  auto launch_host = h ? reinterpret_cast<LaunchHostFunc>(dlsym(h, "cuLaunchHostFunc")) : nullptr;
+  ASSERT_NE(launch_host, nullptr) << "libcuda (" << cuda::driver().path << ") has no cuLaunchHostFunc";
+  const char* had = std::getenv("SMLA_CACHE_DISABLE");
+  const std::string had_value = had ? had : "";
+  ::setenv("SMLA_CACHE_DISABLE", "1", 1);  // both calls compile: both miss, as with a cold cache
+  Runtime rt;
+  if (had) ::setenv("SMLA_CACHE_DISABLE", had_value.c_str(), 1);
+  else ::unsetenv("SMLA_CACHE_DISABLE");
+
+  CUstream held = nullptr;
+  SMLA_CU(cuda::driver().StreamCreate(&held, CU_STREAM_NON_BLOCKING));
+  static std::atomic<bool> released{false};
+  released = false;
+  SMLA_CU(launch_host(held, [](void*) {
+    while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }, nullptr));
+  const Problem p = make_problem(BackendKind::Cuda, kSmall);
+  std::atomic<int> done{0};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> th;
+  for (int i = 0; i < 2; ++i)
+    th.emplace_back([&, i] {
+      try {
+        rt.plan(p);
+      } catch (const std::exception& e) {
+        errors[size_t(i)] = e.what();
+      }
+      ++done;
+    });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (done < 2 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(300))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int finished = done;
+  released = true;
+  for (auto& t : th) t.join();
+  SMLA_CU(cuda::driver().StreamSynchronize(held));
+  SMLA_CU(cuda::driver().StreamDestroy(held));
+  EXPECT_EQ(finished, 2) << "plan() waited for a stream it has nothing to do with";
+  for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 // A stream of another context of the plan's device (cuCtxCreate's, not the primary context the plan's kernels are

@@ -271,7 +271,19 @@ PointerInfo CudaBackend::pointer_info(const void* ptr, int device) const {
 // to another stream is not taken either: its csr may still be queued behind that stream's work, and this run's join
 // would then make `main` wait for it (runs on independent streams serialized; a deadlock where the other stream waits
 // on the host). No query of the stream's progress: a query during another thread's global-mode capture breaks it.
+namespace {
+// What the pool keys a caller's stream by: its handle, except CU_STREAM_PER_THREAD, one handle that names another
+// stream on every thread (a side stream joined to thread A's would have made thread B's wait for A's work). A run
+// acquires and releases on one thread, so a thread's own address stands for its stream (a later thread may get the
+// address of one that ended, whose stream's work is then done or still draining: a wait, never a deadlock).
+void* pool_key(void* main) {
+  thread_local char this_thread;
+  return main == static_cast<void*>(CU_STREAM_PER_THREAD) ? static_cast<void*>(&this_thread) : main;
+}
+}  // namespace
+
 void* CudaBackend::acquire_side_stream(int device, void* main) {
+  main = pool_key(main);
   ContextScope use(context(device));
   std::lock_guard<std::mutex> lock(side_mu_);
   if ((int)side_.size() <= device) side_.resize(device + 1);
@@ -299,6 +311,7 @@ size_t CudaBackend::pooled_side_streams(int device) {
 
 void CudaBackend::release_side_stream(int device, void* stream, void* main) {
   if (!stream) return;
+  main = pool_key(main);
   std::lock_guard<std::mutex> lock(side_mu_);
   if ((int)side_.size() <= device) side_.resize(device + 1);
   Side& sd = side_[device];
