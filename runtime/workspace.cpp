@@ -7,8 +7,8 @@
 namespace smla {
 
 std::vector<const Region*> WorkspaceLayout::regions() const {
-  return {&delta, &lse_n, &dq_acc, &ds, &pm, &interm, &csr_keys0, &csr_keys1,
-          &csr_vals0, &csr_vals1, &csr_hist, &row_ptr, &dkv_acc, &index_report};
+  return {&index_report, &delta, &lse_n, &dq_acc, &ds, &pm, &interm, &csr_keys0, &csr_keys1,
+          &csr_vals0, &csr_vals1, &csr_hist, &row_ptr, &dkv_acc};
 }
 
 WorkspaceLayout layout_workspace(const ShapeInfo& s) {
@@ -21,6 +21,9 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   };
   const size_t T = s.T, H = s.H, KV = s.num_kv, D = SMLA_D;
   const size_t items = static_cast<size_t>(s.chunk_items());  // one chunk's slots
+  // The index report first: index_report() is given a workspace but not its size, so the report is where any
+  // workspace holds it (at the end, a smaller buffer than the plan's, another plan's, was read past its end).
+  put(w.index_report, 4 * sizeof(int));
   put(w.delta, T * H * sizeof(float));
   put(w.lse_n, T * H * sizeof(float));
   // dQ's carry across top-k chunks, for one token chunk: the token chunks run one after another on one stream (dq never
@@ -39,7 +42,6 @@ WorkspaceLayout layout_workspace(const ShapeInfo& s) {
   put(w.csr_hist, s.csr_sort_temp_bytes);  // the backend's sort scratch (none on the CPU)
   put(w.row_ptr, (KV + 1) * sizeof(int));
   put(w.dkv_acc, s.all_chunks() > 1 ? KV * D * sizeof(float) : 0);
-  put(w.index_report, 4 * sizeof(int));
   w.total = cursor;
   return w;
 }

@@ -240,6 +240,28 @@ TEST(Api, IndexCheckReportsTheFirstBadIndex) {
   }
 }
 
+// index_report() is given a workspace but not its size: the report is at its start, so a buffer smaller than the plan's
+// (another plan's workspace, one page here, the next page unmapped) is read within its first 16 bytes. The report sat
+// at the end of the layout, megabytes in: the CPU backend's read crossed into the unmapped page.
+TEST(Api, IndexReportReadsOnlyTheStartOfTheWorkspace) {
+  Problem p = make_problem(BackendKind::Cpu, kSmall);
+  p.check_indices = true;
+  auto plan = shared_runtime().plan(p);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  ASSERT_GT(plan->workspace_bytes(), size_t(page)) << "the premise: a workspace larger than a page";
+  void* two = ::mmap(nullptr, size_t(2 * page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(two, MAP_FAILED);
+  ASSERT_EQ(::mprotect(static_cast<char*>(two) + page, size_t(page), PROT_NONE), 0);
+  std::memset(two, 0, size_t(page));
+  EXPECT_EXIT(
+      {
+        const bool found = plan->index_report(two, nullptr).has_value();
+        std::exit(found ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+  ::munmap(two, size_t(2 * page));
+}
+
 TEST(Api, SecondPlanOfTheSameProblemCompilesNothing) {
   int checked = 0;
   for (BackendKind b : backends_here()) {

@@ -137,8 +137,8 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info);
 smla_status_t smla_plan_workspace_bytes(const smla_plan_t* plan, size_t* bytes);
 smla_status_t smla_plan_run(const smla_plan_t* plan, const smla_tensors_t* t, void* workspace,
                             size_t workspace_bytes, void* stream);
-/* The first out-of-range top-k index of the last run (a plan made with check_indices), read back from the workspace
-   (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. On any failure *found
+/* The first out-of-range top-k index of the last run (a plan made with check_indices), read back from the workspace's
+   first 16 bytes (it waits for `stream`): *found 1 and *out filled, or *found 0 when every index was in range. On any failure *found
    is 0 and *out zero (where they are not null). */
 typedef struct {
   int64_t count;  /* how many slots were out of range */

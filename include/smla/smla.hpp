@@ -168,7 +168,8 @@ class Plan {
   /// or a block run on the calling thread, never an abort.
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
   /// Reads the index report left in `workspace` by the last run with check_indices
-  /// (synchronizes the stream: not for use inside a graph capture).
+  /// (synchronizes the stream: not for use inside a graph capture). The report is the workspace's first 16 bytes, so
+  /// only those are read, whatever buffer is passed.
   virtual std::optional<BadIndex> index_report(const void* workspace, void* stream) const = 0;
   virtual const PlanInfo& info() const = 0;
   /// The ordered launch list, for per-phase timing: launch_count() launches (info().kernels names them);
