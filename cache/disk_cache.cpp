@@ -494,8 +494,12 @@ std::vector<EntryInfo> DiskCache::list() const {
       // For the listing only (verify judges the entry): a field of another type reads as empty (json::value threw
       // on it, and the tool's list, verify and export aborted on one damaged manifest).
       auto text = [&j](const char* k) {
-        const std::string* v = string_field(j, k);
-        return v ? *v : std::string();
+        const auto it = j.is_object() ? j.find(k) : j.end();
+        try {
+          return it == j.end() ? std::string() : key_text_of(*it, k);
+        } catch (const std::runtime_error&) {
+          return std::string();
+        }
       };
       if (j.is_object()) e.tag = text("tag"), e.target = text("target"), e.compiler_id = text("compiler_id");
     }

@@ -86,6 +86,12 @@ std::string str(const nlohmann::json& j, const char* k) {
   if (!v) throw std::runtime_error(std::string("field ") + k);
   return *v;
 }
+// A key field (key_text's form).
+std::string key_str(const nlohmann::json& j, const char* k) {
+  const auto it = j.find(k);
+  if (it == j.end()) throw std::runtime_error(std::string("field ") + k);
+  return key_text_of(*it, std::string("field ") + k);
+}
 int64_t num(const nlohmann::json& j, const char* k) {
   auto it = j.find(k);
   if (it == j.end() || !it->is_number_integer()) throw std::runtime_error(std::string("field ") + k);
@@ -93,6 +99,35 @@ int64_t num(const nlohmann::json& j, const char* k) {
 }
 
 }  // namespace
+
+nlohmann::json key_text(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();  // strict: throws on bytes that are not UTF-8
+    return s;
+  } catch (const nlohmann::json::type_error&) {
+    static const char* const kHex = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(2 * s.size());
+    for (unsigned char c : s) hex += kHex[c >> 4], hex += kHex[c & 15];
+    return nlohmann::json{{"hex", hex}};
+  }
+}
+
+std::string key_text_of(const nlohmann::json& v, const std::string& what) {
+  if (v.is_string()) return v.get<std::string>();
+  const auto it = v.is_object() && v.size() == 1 ? v.find("hex") : v.end();
+  if (it == v.end() || !it->is_string() || it->get_ref<const std::string&>().size() % 2)
+    throw std::runtime_error(what);
+  const std::string& hex = it->get_ref<const std::string&>();
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw std::runtime_error(what);
+  };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) out += char(nibble(hex[i]) << 4 | nibble(hex[i + 1]));
+  return out;
+}
 
 const std::string* string_field(const nlohmann::json& j, const char* k) {
   const auto it = j.find(k);
@@ -425,10 +460,12 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       return L;
     }
     std::vector<std::pair<std::string, std::string>> hh;
-    for (const auto& h : j.at("headers")) hh.emplace_back(h.at(0).get<std::string>(), h.at(1).get<std::string>());
-    std::vector<std::string> opts = j.at("options").get<std::vector<std::string>>();
-    std::string d = digest_of(str(j, "kernel"), str(j, "shape_tag"), str(j, "source_xxh3"), hh,
-                              opts, str(j, "target"), str(j, "compiler_id"));
+    for (const auto& h : j.at("headers"))
+      hh.emplace_back(key_text_of(h.at(0), "a header's name"), h.at(1).get<std::string>());
+    std::vector<std::string> opts;
+    for (const auto& o : j.at("options")) opts.push_back(key_text_of(o, "an option"));
+    std::string d = digest_of(key_str(j, "kernel"), key_str(j, "shape_tag"), str(j, "source_xxh3"), hh,
+                              opts, key_str(j, "target"), key_str(j, "compiler_id"));
     if (d != str(j, "digest")) {
       L.problem = "manifest fields do not hash to its digest";
       return L;
@@ -481,12 +518,14 @@ nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutp
   j["format"] = kFormatVersion;
   j["digest"] = k.digest;
   j["tag"] = k.tag;
-  j["kernel"] = f.kernel;
-  j["shape_tag"] = f.shape_tag;
-  j["target"] = f.target;
-  j["compiler_id"] = f.compiler_id;
-  j["options"] = opts;
-  j["headers"] = hh;
+  j["kernel"] = key_text(f.kernel);
+  j["shape_tag"] = key_text(f.shape_tag);
+  j["target"] = key_text(f.target);
+  j["compiler_id"] = key_text(f.compiler_id);
+  j["options"] = nlohmann::json::array();
+  for (const std::string& o : opts) j["options"].push_back(key_text(o));
+  j["headers"] = nlohmann::json::array();
+  for (const auto& [name, xxh3] : hh) j["headers"].push_back(nlohmann::json::array({key_text(name), xxh3}));
   j["source_bytes"] = int64_t(f.source.size());
   j["source_xxh3"] = hash_hex(f.source);
   j["binary_bytes"] = int64_t(out.binary.size());

@@ -126,6 +126,13 @@ Loaded load_entry(const std::string& entry_dir, const std::string& digest);
 
 /// A manifest's string field `k`, or null when it is absent or of another type (`j` need not be an object).
 const std::string* string_field(const nlohmann::json& j, const char* k);
+/// A key field as a manifest holds it: the string itself where it is UTF-8 (every field smla makes), else
+/// {"hex": "<its bytes>"}. A JSON string holds only UTF-8, and the replacement characters the dump put in for other
+/// bytes (a HIPRTC_COMPILE_OPTIONS_APPEND typed in a Latin-1 shell, in the compiler identity) no longer hashed to the
+/// entry's digest: every lookup took the entry for corrupt, deleted it and compiled it again.
+nlohmann::json key_text(const std::string& s);
+/// The field key_text() wrote; throws std::runtime_error naming `what` for anything else.
+std::string key_text_of(const nlohmann::json& v, const std::string& what);
 
 nlohmann::json make_manifest(const KeyFields& f, const Key& k, const CompileOutput& out);
 

@@ -37,6 +37,31 @@ TEST(DiskCache, SecondInstanceCompilesNothing) {
   EXPECT_EQ(c2.calls, 1);
 }
 
+// Key fields that are not UTF-8 (a compiler identity holding a HIPRTC_COMPILE_OPTIONS_APPEND typed in a Latin-1 shell,
+// an option, a header's name) survive the manifest: the entry is found again, verifies, and keeps those bytes apart
+// from the same text in UTF-8. The manifest's dump replaced them, its fields no longer hashed to the digest, and every
+// lookup took the entry for corrupt, deleted it and compiled it again.
+TEST(DiskCache, KeyFieldsThatAreNotUtf8SurviveTheManifest) {
+  TempDir t;
+  KeyFields f = fields("smla_dq");
+  f.compiler_id += ";HIPRTC_COMPILE_OPTIONS_APPEND=-I/home/j\xfcrgen/inc";
+  f.options.push_back("-I/opt/\xe9t\xe9");
+  f.headers.emplace_back("caf\xe9.h", "#define X 1\n");
+  FakeCompiler c;
+  EXPECT_EQ(DiskCache(settings_for(t)).get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  DiskCache b(settings_for(t));
+  const Fetched r = b.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(r.origin, Origin::Disk);
+  EXPECT_EQ(r.binary, payload(f));
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_EQ(b.stats().corrupt_replaced, 0);
+  for (const EntryInfo& e : b.verify()) EXPECT_TRUE(e.ok) << e.name << ": " << e.problem;
+  // The same text in UTF-8 is another key.
+  KeyFields g = f;
+  g.compiler_id = fields("smla_dq").compiler_id + ";HIPRTC_COMPILE_OPTIONS_APPEND=-I/home/j\xc3\xbcrgen/inc";
+  EXPECT_EQ(b.get_or_compile(g, c.fn(g)).origin, Origin::Compiled);
+}
+
 TEST(DiskCache, ThreadsShareOneCompilePerKey) {
   TempDir t;
   Settings s = settings_for(t);
