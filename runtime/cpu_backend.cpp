@@ -47,8 +47,8 @@ std::shared_ptr<LoadedKernel> CpuBackend::load(const KernelSpec& spec, const std
 }
 
 void CpuBackend::launch(const LoadedKernel& k, const KernelSpec& spec, const SmlaParams& p, void*) {
-  // The phases allocate host scratch rows for their threads (up to R_CHUNK x 512 floats a thread): running out is
-  // reported as smla::Error, the one error type of run(), not as std::bad_alloc.
+  // The phases allocate host scratch rows for their threads (up to max(R_CHUNK + 3, 2 H + 1) x 512 floats a thread):
+  // running out is reported as smla::Error, the one error type of run(), not as std::bad_alloc.
   try {
     static_cast<const CpuKernel&>(k).fn(p);
   } catch (const std::bad_alloc&) {

@@ -113,8 +113,9 @@ typedef struct {
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */
 /* The versioned structs' defaults, for struct_size bytes: the caller's sizeof, where the caller was compiled (a struct
    from an older or newer header is written to its own end, no further). For bindings that cannot use the inline
-   functions below (Python's ctypes: pass ctypes.sizeof). A size that is not one of the struct's (under 8, not the end
-   of a field, over 4096) writes nothing. */
+   functions below (Python's ctypes: pass ctypes.sizeof). A size under 8, over 4096, or below this header's sizeof and
+   not a multiple of 8 (not the end of a field) writes nothing; one from this sizeof up to 4096 (a newer header's
+   struct) is taken whole. */
 void smla_plan_options_init_sized(smla_plan_options_t* o, size_t struct_size);
 void smla_plan_info_init_sized(smla_plan_info_t* i, size_t struct_size);
 static inline void smla_plan_options_init(smla_plan_options_t* o) {

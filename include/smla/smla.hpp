@@ -163,7 +163,7 @@ class Plan {
   /// context of the device other than its primary one is current (that context's stream is not smla's). Validates the tensors
   /// (throws smla::Error naming the argument, before anything is launched). No device allocation,
   /// no compilation, no host synchronization. The CPU backend allocates only its threads' scratch rows
-  /// (up to max(R_CHUNK, 2 H + 1) x 512 floats a thread, at most 16 threads a phase, started and joined
+  /// (up to max(R_CHUNK + 3, 2 H + 1) x 512 floats a thread, at most 16 threads a phase, started and joined
   /// within each phase); running out of host memory for them, or for a thread, is an smla::Error (Internal)
   /// or a block run on the calling thread, never an abort.
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
