@@ -130,10 +130,13 @@ RenderedSource KernelSources::render(const KernelSpec& spec, const std::string& 
       if (!has(name)) {
         // A quoted include absent from a source directory was left to NVRTC, which found it in the working
         // directory: compiled from bytes the cache key never saw (NVRTC is now told not to look there either).
+        // Absent from the embedded sources it is a build defect (the build embeds *.cu, *.cuh, *.h and *.hip): hipRTC,
+        // which has no --no-source-include, could have found a file of that name elsewhere, outside the key.
         SMLA_REQUIRE(dir_.empty(), Status::InvalidArgument,
                      "kernel source '" + name + "', included by the " + out.name + " translation unit, is not in "
                      "the source directory '" + dir_ + "' (SMLA_KERNEL_SRC_DIR): every quoted include must be there");
-        continue;
+        SMLA_THROW(Status::Internal, "kernel source '" + name + "', included by the " + out.name +
+                                         " translation unit, is not among the sources embedded in this build");
       }
       out.headers.emplace_back(name, file(name));
       todo.push_back(out.headers.back().second);
