@@ -233,6 +233,11 @@ class Runtime {
   /// Validates the problem, chooses a config and the chunking, compiles or loads the kernels,
   /// lays out the workspace and fixes the phase order. Throws smla::Error. A plan keeps what it
   /// runs on (backend, loaded kernels) alive: it stays usable after this Runtime is destroyed.
+  /// Thread-safe; two calls that need one kernel at once compile and load it once. On CUDA a call that loads a kernel
+  /// not yet loaded by this Runtime waits, in the driver's module load, for the work already queued in the device's
+  /// context, on every stream (measured: a stream held by a host function held cuModuleLoadData, perf notes v37):
+  /// make the plans before queuing work that waits on the host, e.g. at start-up; a plan() that loads nothing waits
+  /// for nothing.
   std::shared_ptr<const Plan> plan(const Problem& p);
   /// The same with explicit tile choices (what smla-tune tries); validated like the heuristic ones.
   std::shared_ptr<const Plan> plan(const Problem& p, const TileConfig& cfg);
