@@ -29,6 +29,7 @@
 #include "env.hpp"
 #include "hip/hip_backend.hpp"
 #include "hip/hiprtc_compiler.hpp"
+#include "hip/rocprim_sort.hpp"
 #include "kernel_key.hpp"
 #include "log.hpp"
 #include "planner.hpp"
@@ -226,6 +227,20 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     if (family == "hip" && !opts.dry_run && !hip::hip_target_known(target, &why, opts.hip_worker)) {
       res.errors.push_back(target + ": " + why);
       continue;
+    }
+    // The AMD csr sort is no compiled kernel but this build's libsmla_rocprim.so: one without code for the target's
+    // processor makes plan() refuse every problem there, which a warm-up that compiled the rest must say. Without the
+    // library here it may still be on the machine that runs the job: said, not a failure.
+    if (family == "hip") {
+      if (const hip::RocprimSort* sort = hip::RocprimSort::get(&why)) {
+        if (!sort->supports(target, &why)) {
+          res.errors.push_back(target + ": plan() of this build refuses it: " + why);
+          continue;
+        }
+      } else {
+        log().warn("warm-up: {}: the AMD csr sort is not available here ({}); a job's plan() needs it for {}", target,
+                   why, target);
+      }
     }
     // Keys every launch of one shape; launches repeat per chunk, so (stem, constants) already
     // seen on this target are skipped before rendering.

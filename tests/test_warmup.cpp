@@ -22,6 +22,7 @@
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/env.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
+#include "runtime/hip/rocprim_sort.hpp"
 #include "runtime/kernel_key.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/sources.hpp"
@@ -441,6 +442,36 @@ TEST(Warmup, TunedEntriesOfEveryLseConventionAreWarmed) {
   Problem no_sink = seed_problem();
   no_sink.has_sink = false;
   EXPECT_EQ(dq_tags(no_sink).second, 0);
+}
+
+// An AMD target the build's csr sort (libsmla_rocprim.so) has no code for: plan() refuses every problem there, so the
+// warm-up (a dry run too) says so for the target instead of listing its kernels as if a job could use them.
+TEST(Warmup, AnAmdTargetTheCsrSortLacksFailsAsPlanWould) {
+#if !HAVE_HIP_KERNELS
+  GTEST_SKIP() << "no AMD kernel sources in this build";
+#else
+  std::string why;
+  const hip::RocprimSort* sort = hip::RocprimSort::get(&why);
+  if (!sort) GTEST_SKIP() << "no libsmla_rocprim.so here: " << why;
+  std::string lacking, having;
+  for (const char* proc : {"gfx90a", "gfx942", "gfx950"}) {
+    std::string w;
+    (sort->supports(proc, &w) ? having : lacking) = proc;
+  }
+  if (lacking.empty()) GTEST_SKIP() << "this build's csr sort has code for gfx90a, gfx942 and gfx950";
+  TempDir scratch;
+  const WarmupOptions o = dry_run_options(scratch.path + "/aot");
+  const WarmupResult bad = warm_kernels({seed_problem()}, {lacking + ":sramecc+:xnack-"}, o);
+  EXPECT_EQ(bad.failed, 1);
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_NE(bad.errors[0].find("plan() of this build refuses it"), std::string::npos) << bad.errors[0];
+  EXPECT_TRUE(bad.items.empty()) << "its kernels were listed";
+  if (!having.empty()) {
+    const WarmupResult good = warm_kernels({seed_problem()}, {having + ":sramecc+:xnack-"}, o);
+    EXPECT_EQ(good.failed, 0) << (good.errors.empty() ? "" : good.errors[0]);
+    EXPECT_FALSE(good.items.empty());
+  }
+#endif
 }
 
 TEST(Warmup, DeduplicatesAcrossProblemsAndReportsUnsupported) {
