@@ -322,7 +322,7 @@ ProbeVerdict probe_target(const std::string& target, std::string* why, const std
     return ProbeVerdict::NoVerdict;  // not cached: a worker may appear later (e.g. a path hint)
   }
   const ProbeVerdict v = probe_verdict(r.at(0));
-  if (worker_ran) *worker_ran = r[0].exit_status >= 0 || r[0].signal > 0;
+  if (worker_ran) *worker_ran = r[0].started;
   if (worker_exit) *worker_exit = r[0].exit_status;
   if (v == ProbeVerdict::NoVerdict || v == ProbeVerdict::TimedOut) {  // not cached: the next compile probes again
     if (why) {
@@ -552,6 +552,7 @@ std::vector<HipWorkerResult> hip_compile_in_subprocesses(const std::vector<Rende
     out[i].exit_status = st[i].exited ? st[i].code : -1;
     out[i].signal = st[i].started && !st[i].exited ? st[i].signal : 0;
     out[i].timed_out = st[i].timed_out;
+    out[i].started = st[i].started;
     if (st[i].exited && st[i].code == 0) {
       out[i].result.binary = read_file(base + ".co");
       out[i].ok = !out[i].result.binary.empty();

@@ -91,6 +91,7 @@ struct HipWorkerResult {
   int exit_status = -1;  // the worker's exit status (see hiprtc_worker.cpp); -1 if it died
   int signal = 0;        // the signal that ended it, if one did
   bool timed_out = false;
+  bool started = false;  // a worker process ran (however it ended: its status may have been lost)
 };
 
 /// Compiles `sources` for `target` in up to `jobs` concurrent smla-hiprtc-worker processes, each
@@ -111,8 +112,9 @@ enum class ProbeVerdict { Known, Refused, NoVerdict, TimedOut };
 /// worker could not try, was killed by SIGKILL or SIGTERM, could not start, its exit status was lost).
 ProbeVerdict probe_verdict(const HipWorkerResult& r);
 /// hip_target_known with the verdict; a Refused `why` adds, for gfx950 and gfx942, the ROCm they need.
-/// `worker_ran` (optional): set to whether a worker process ran this probe and gave its exit status (false: a cached
-/// verdict, no worker found, or none could start); `worker_exit` to that status (-1 when killed by a signal).
+/// `worker_ran` (optional): set to whether a worker process ran this probe, however it ended (false: a cached verdict,
+/// no worker found, or none could start); `worker_exit` to its exit status (-1 when killed by a signal, or when its
+/// status was lost: SIGCHLD ignored and no status file written).
 ProbeVerdict probe_target(const std::string& target, std::string* why, const std::string& worker = "",
                           bool* worker_ran = nullptr, int* worker_exit = nullptr);
 /// Forgets the cached verdicts (tests).

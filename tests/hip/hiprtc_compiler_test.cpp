@@ -282,14 +282,28 @@ TEST(HipRtcCompiler, AKilledIdentityProbeIsAnErrorNotAnInProcessCompile) {
   detail::forget_probes();
   detail::forget_identity();
   const std::string killed = test::write_script(dir.path(), "w-kill", "kill -KILL $$");
-  try {
-    const std::string id = HipRtcCompiler(true, killed).identity();
-    ADD_FAILURE() << "the identity came from a compile in this process: " << id;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::CompileError);
-    EXPECT_NE(e.message().find("identity (part of every AMD cache key) is unknown"), std::string::npos)
-        << e.message();
-    EXPECT_NE(e.message().find("gave no verdict"), std::string::npos) << e.message();
+  auto expect_unknown = [&](const char* when) {
+    try {
+      const std::string id = HipRtcCompiler(true, killed).identity();
+      ADD_FAILURE() << when << ": the identity came from a compile in this process: " << id;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::CompileError) << when;
+      EXPECT_NE(e.message().find("identity (part of every AMD cache key) is unknown"), std::string::npos)
+          << when << ": " << e.message();
+      EXPECT_NE(e.message().find("gave no verdict"), std::string::npos) << when << ": " << e.message();
+    }
+  };
+  expect_unknown("killed");
+  // With SIGCHLD ignored (a daemon's habit) the killed worker's exit status is lost and it wrote no status file: it
+  // still ran, and this process still compiles nothing.
+  {
+    struct sigaction ign {}, old {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ASSERT_EQ(sigaction(SIGCHLD, &ign, &old), 0);
+    detail::forget_probes();
+    expect_unknown("killed, SIGCHLD ignored");
+    sigaction(SIGCHLD, &old, nullptr);
   }
   const std::string no_rtc = test::write_script(dir.path(), "w-no-rtc", "exit 4");
   const std::string id = HipRtcCompiler(true, no_rtc).identity();
