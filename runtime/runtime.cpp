@@ -130,6 +130,7 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
     ++info.loaded_from_disk;
   }
   auto ins = loaded.emplace(mem_key, k);
+  loading.erase(mem_key);  // a waiter holds its own reference; a later call finds the kernel in `loaded` first
   return ins.first->second;
 }
 

@@ -175,12 +175,14 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   // The settings a warm-up plans with (SMLA_INTERM_BUDGET_BYTES chooses the chunks, hence the kernels): a value that
   // cannot be read is said here as a Runtime says it (it was ignored without a word).
   for (const std::string& w : runtime_env().warnings) log().warn("{}", w);
+  SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
+  // The cache's settings from the environment, read once (a malformed knob is warned about at each read).
+  const cache::Settings env_cache = cache::settings_from_env();
   // The warm-up writes (or, dry run, reads) its directory whatever SMLA_CACHE_DISABLE says; a plan() in this
   // environment would read no cache and compile every kernel, which "cached" must not hide.
-  if (cache::settings_from_env().disable)
+  if (env_cache.disable)
     log().warn("SMLA_CACHE_DISABLE is set: this warm-up still {} {}, but a plan() run with it set compiles every kernel "
                "and reads no cache", opts.dry_run ? "lists what is in" : "fills", opts.out_dir);
-  SMLA_REQUIRE(!opts.out_dir.empty(), Status::InvalidArgument, "warm-up needs an output directory (--out)");
   WarmupResult res;
   // The sources plan() will compile: the option, else SMLA_KERNEL_SRC_DIR as the runtime reads it, else
   // the embedded ones (a warm-up that ignored the variable would fill keys no plan looks up).
@@ -313,7 +315,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
     if (std::string why = dir_write_problem(opts.out_dir); !why.empty())
       SMLA_THROW(Status::InvalidArgument,
                  "cannot write the warm-up output directory " + opts.out_dir + " (" + why + "); pick another --out");
-    cache::Settings ro = cache::settings_from_env();
+    cache::Settings ro = env_cache;
     // The /tmp fallback of a user without a home keeps its privacy check (it is the default --out there); a directory
     // the caller named is not that fallback.
     ro.dir_in_shared_tmp = ro.dir_in_shared_tmp && opts.out_dir == ro.dir;
@@ -339,7 +341,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   }
 
   // ---- compile into the output directory, as its user cache (unbounded: never evict here)
-  cache::Settings cs = cache::settings_from_env();
+  cache::Settings cs = env_cache;
   cs.dir_in_shared_tmp = cs.dir_in_shared_tmp && opts.out_dir == cs.dir;  // (as the dry run's above)
   cs.dir = opts.out_dir;
   cs.system_dir.clear();

@@ -377,7 +377,7 @@ int main(int argc, char** argv) {
       "validated before the first is tuned, and the database checked writable; a problem that then fails on the\n"
       "GPU is reported (in --json too) and the sweep goes on (exit 1). Every candidate is first checked\n"
       "against the float64 reference at the contract's bar on T = --check-t (same H, topk, sink and lse\n"
-      "convention) on two inputs, the benchmark top-k at the num_kv/T ratio and a uniform top-k that fills every\n"
+      "convention) on two inputs, the benchmark top-k at the num_kv/T ratio and a uniform top-k that reaches every\n"
       "slot, each run on a poisoned workspace; then timed at the real T with device events. The database: --tuning-db, else $SMLA_TUNING_DB, else\n"
       "$XDG_CACHE_HOME/smla/tuning.json, else ~/.cache/smla/tuning.json, else (no home)\n"
       "/tmp/smla-tuning-<uid>/tuning.json while it is this user's alone; entries are keyed by device (target,\n"

@@ -26,7 +26,7 @@ struct TuneCheckCase {
 /// inputs, each against its own float64 reference:
 /// - the benchmark top-k with num_kv scaled by the T ratio: the window's -1 slots of the first tokens, tokens whose
 ///   last tiles are empty;
-/// - a uniform top-k over at least topk rows: at a small T the benchmark top-k leaves every slot past 128 + T/4 empty
+/// - a uniform top-k over at least topk rows, in which every slot holds a row for some tokens: at a small T the benchmark top-k leaves every slot past 128 + T/4 empty
 ///   (a pool row is visible only from token 4 (j + 1) - 1 on), so a config that mishandles the later tiles or every
 ///   top-k chunk after the first would pass on it alone.
 /// Every run starts on poisoned outputs and a poisoned workspace: a config passes on what it computes, not on what

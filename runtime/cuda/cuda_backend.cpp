@@ -1,6 +1,7 @@
 // cuda_backend.cpp: loads cubins and launches them through the driver API.
 #include "cuda_backend.hpp"
 
+#include <atomic>
 #include <algorithm>
 
 #include "cuda_api.hpp"
@@ -154,6 +155,12 @@ size_t CudaBackend::max_shared_memory(int device) const {
   return (size_t)v;
 }
 
+namespace {
+std::atomic<int64_t> g_modules_loaded{0};
+}  // namespace
+
+int64_t CudaBackend::modules_loaded() { return g_modules_loaded.load(); }
+
 std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                                 int device) {
   auto k = std::make_shared<CudaKernel>();
@@ -162,6 +169,7 @@ std::shared_ptr<LoadedKernel> CudaBackend::load(const KernelSpec& spec, const st
   ContextScope use(k->ctx);
   try {
     SMLA_CU(driver().ModuleLoadData(&k->module, binary.data()));
+    ++g_modules_loaded;
   } catch (const Error& e) {
     // A driver older than the NVRTC that compiled the kernels refuses their images: say which versions and what to
     // change.

@@ -40,6 +40,8 @@ class CudaBackend : public Backend {
   static constexpr size_t kMaxFreeSideStreams = 16;
   /// The side streams of `device` in the pool now (for tests).
   size_t pooled_side_streams(int device);
+  /// Modules this process has loaded so far, every backend instance together (for tests).
+  static int64_t modules_loaded();
   void stream_wait(int device, void* waiter, void* on) override;
 
   /// The device's primary context (retained once per device), for a ContextScope: never left
