@@ -13,7 +13,8 @@ FLOPs, as the contract counts them) and its fraction of that rate; for the cheap
 allows, both implementations against a float64 run of the same math (--f64).
 
 The torch side is the math as one writes it with bf16 tensors, not the contract's rounding to the letter: its
-einsums return S and dP rounded to bf16, and dq's product is rounded to bf16 before the scale and again after. That
+einsums return S and dP rounded to bf16, dq's product is rounded to bf16 before the scale and again after, and each
+slot's dkv contribution (its sum over heads, two terms rounded apart) is bf16 before the fp32 index_add_. That
 costs it accuracy (~3.3e-3 relative from float64 for dq at a small shape, against ~1.7e-3 with fp32 intermediates;
 smla's is ~2.1e-3) and saves it time, so the ratio printed is, if anything, in torch's favour; --f64 shows both
 sides' errors from float64.
@@ -99,10 +100,14 @@ def inputs(T, H, num_kv, topk_n, dev, seed=0):
 
 
 class Timer:
-    """Milliseconds of one call: device events on CUDA, the host clock on the CPU."""
+    """Milliseconds a call: device events on CUDA, the host clock on the CPU. Each sample is `batch` calls queued back
+    to back, divided by `batch`: with one call from an idle GPU, the host's time before its first kernel (dynamo's
+    guards and Inductor's Python wrapper; one ctypes call for smla) was timed too, in smla's favour, where a training
+    loop's host runs ahead of the GPU and hides it."""
 
-    def __init__(self, dev):
+    def __init__(self, dev, batch=1):
         self.cuda = dev.type == "cuda"
+        self.batch = batch
 
     def sync(self):
         if self.cuda:
@@ -111,10 +116,15 @@ class Timer:
     def __call__(self, fn):
         if self.cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            return a.elapsed_time(b)
-        t0 = time.perf_counter(); fn()
-        return (time.perf_counter() - t0) * 1e3
+            a.record()
+            for _ in range(self.batch):
+                fn()
+            b.record(); b.synchronize()
+            return a.elapsed_time(b) / self.batch
+        t0 = time.perf_counter()
+        for _ in range(self.batch):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / self.batch
 
 
 def gemm_tflops(n, dev, timer, warmup, repeat):
@@ -270,7 +280,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", type=parse_shape, default=[parse_shape(s) for s in DEFAULT_SHAPES],
                     metavar="T,H,NUM_KV,TOPK")
-    ap.add_argument("--repeat", type=int, default=10, help="timed runs of each (median)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed samples of each (median)")
+    ap.add_argument("--batch", type=int, default=4,
+                    help="calls queued back to back in each sample, the sample's time divided by it (1: one call from "
+                         "an idle GPU, host overhead included)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs of each first (torch's first compiles)")
     ap.add_argument("--time-budget", type=float, default=480.0,
                     help="seconds; shapes not started by then are skipped (0: no limit)")
@@ -286,8 +299,8 @@ def main():
                     help="float64 check of both: auto = the cheapest shape if it fits in half the free memory")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout, table to stderr)")
     a = ap.parse_args()
-    if a.repeat < 1 or a.warmup < 0:
-        ap.error("--repeat must be >= 1 and --warmup >= 0")
+    if a.repeat < 1 or a.warmup < 0 or a.batch < 1:
+        ap.error("--repeat and --batch must be >= 1 and --warmup >= 0")
 
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type not in ("cuda", "cpu"):
@@ -308,15 +321,16 @@ def main():
 
     lib = Smla(a.lib)
     rt = lib.runtime()
-    timer = Timer(dev)
+    timer = Timer(dev, a.batch)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     say(f"device: {name}; torch {torch.__version__}; smla: {a.lib}, backend {a.backend}; "
-        f"torch side: {'torch.compile' if a.compile else 'eager'}; warmup {a.warmup}, median of {a.repeat}")
+        f"torch side: {'torch.compile' if a.compile else 'eager'}; warmup {a.warmup}, median of {a.repeat} samples of "
+        f"{a.batch} calls queued back to back")
 
     gemm_n = a.gemm_n if a.gemm_n is not None else (8192 if dev.type == "cuda" else 512)
     gemm = None
     result = {"device": name, "torch": torch.__version__, "backend": a.backend, "compile": a.compile,
-              "warmup": a.warmup, "repeat": a.repeat, "rows": [], "skipped": []}
+              "warmup": a.warmup, "repeat": a.repeat, "batch": a.batch, "rows": [], "skipped": []}
     if gemm_n > 0:
         gemm, gms = gemm_tflops(gemm_n, dev, timer, a.warmup, a.repeat)
         result["gemm"] = {"n": gemm_n, "ms": gms, "tflops": gemm}

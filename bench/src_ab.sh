@@ -88,13 +88,15 @@ INPUTS=${INPUTS-/tmp/smla-bench-inputs}
 read -ra more_args <<< "${ARGS:-}"
 extra+=("${more_args[@]}")
 start=$SECONDS
-failed=0  # a bench process that failed (a check off the bar, a crash, a timeout): the run's exit status is then 1
+failed=0   # a bench process that failed (a check off the bar, a crash, a timeout): the run's exit status is then 1
+skipped=0  # one the budget left out: the run's exit status is then 2 (unless 1), as a check that never ran is no pass
 tmp=$(mktemp -d /tmp/src_ab.XXXXXX) || exit 1
 trap 'rm -rf "$tmp"' EXIT  # this run's writable copies of the caches
 # One smla-bench process of variant $1 (its own cache copy, its own source tree); output in $OUT/$2.log.
 bench() {
   local v=$1 log=$2; shift 2
-  if (( SECONDS - start + STEP > BUDGET )); then echo "== skip $log (budget)"; return 9; fi
+  rm -f "$OUT/$log.log" "$OUT/$log.rc"  # an earlier run's into the same OUT would be read as this one's
+  if (( SECONDS - start + STEP > BUDGET )); then echo "== skip $log (budget)"; echo skipped > "$OUT/$log.rc"; skipped=1; return 9; fi
   [ -d "$tmp/cache-$v" ] || cp -r "$dir/cache-$v" "$tmp/cache-$v"
   local envs=(SMLA_CACHE_DIR=$tmp/cache-$v)
   [ -d "$dir/src/$v" ] && envs+=(SMLA_KERNEL_SRC_DIR=$dir/src/$v)
@@ -189,5 +191,7 @@ for v, ms, phases, n, note in rows:
 EOF
 done
 [ "${CHECK:-0}" = 1 ] && [ "${CHECK_FIRST:-0}" != 1 ] && checks
-echo "src_ab: $((SECONDS - start)) s$([ $failed = 1 ] && echo ", some runs failed (rc above): exit 1")"
-exit $failed
+echo "src_ab: $((SECONDS - start)) s$([ $failed = 1 ] && echo ", some runs failed (rc above): exit 1" || { [ $skipped = 1 ] && echo ", some runs skipped for the budget: exit 2"; })"
+[ $failed = 1 ] && exit 1
+[ $skipped = 1 ] && exit 2
+exit 0
