@@ -35,8 +35,8 @@ struct __attribute__((visibility("hidden"))) Runtime::Impl {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<LoadedKernel>> loaded;  // in-process: key -> module
   // One mutex a key of `loaded`, held from its lookup to its insertion: two plan() calls of one kernel at once load it
-  // once. (The second loaded its own module and dropped it at once; on CUDA that drop waited for the whole context's
-  // work inside plan(): another thread's long kernels, a stream waiting on the host.)
+  // once. (The second loaded its own module too and dropped it at once, the drop, on CUDA, a cuCtxSynchronize inside
+  // plan(). A load itself waits for the context's queued work, perf notes v37: one load, not two.)
   std::map<std::string, std::shared_ptr<std::mutex>> loading;
   Counters counters;
 
