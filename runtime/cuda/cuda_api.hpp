@@ -41,7 +41,8 @@ namespace smla::cuda {
   X(EventSynchronize, cuEventSynchronize) X(EventElapsedTime, cuEventElapsedTime)          \
   X(StreamBeginCapture, cuStreamBeginCapture) X(StreamEndCapture, cuStreamEndCapture)      \
   X(GraphInstantiate, cuGraphInstantiateWithFlags) X(GraphLaunch, cuGraphLaunch)           \
-  X(GraphExecDestroy, cuGraphExecDestroy) X(GraphDestroy, cuGraphDestroy)
+  X(GraphExecDestroy, cuGraphExecDestroy) X(GraphDestroy, cuGraphDestroy)                  \
+  X(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode)
 
 #define SMLA_NVRTC_FUNCS(X)                                                                   \
   X(Version, nvrtcVersion) X(CreateProgram, nvrtcCreateProgram)                                \
