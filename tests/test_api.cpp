@@ -953,37 +953,6 @@ TEST(ApiCuda, APlanDroppedRightAfterItsRunOutlivingItsRuntimeStillComputes) {
   expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
 }
 
-// The last plan dropped on one thread while another captures a graph in the global mode (torch.cuda.graph's default):
-// the modules' unload waits for the context's work in this thread's relaxed mode, so the capture stays valid. In the
-// global mode that cuCtxSynchronize was a prohibited call, and it invalidated the other thread's capture.
-TEST(ApiCuda, APlanDroppedDuringAnotherThreadsCaptureLeavesItValid) {
-  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
-  cuda::ensure_context();
-  const Problem p = make_problem(BackendKind::Cuda, kSmall);
-  std::shared_ptr<const Plan> plan;
-  {
-    Runtime rt;
-    plan = rt.plan(p);
-  }
-  CUstream s = nullptr;
-  SMLA_CU(cuda::driver().StreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  SMLA_CU(cuda::driver().StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  CUstreamCaptureMode after = CU_STREAM_CAPTURE_MODE_RELAXED;
-  std::thread([&] {
-    plan.reset();  // its modules unloaded here
-    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_GLOBAL;
-    cuda::driver().ThreadExchangeStreamCaptureMode(&m);  // what the drop left this thread in
-    after = m;
-    cuda::driver().ThreadExchangeStreamCaptureMode(&m);
-  }).join();
-  CUgraph g = nullptr;
-  const CUresult r = cuda::driver().StreamEndCapture(s, &g);
-  EXPECT_EQ(r, CUDA_SUCCESS) << "dropping the plan invalidated another thread's capture";
-  if (g) cuda::driver().GraphDestroy(g);
-  cuda::driver().StreamDestroy(s);
-  EXPECT_EQ(after, CU_STREAM_CAPTURE_MODE_GLOBAL) << "the drop left its thread in another capture mode";
-}
-
 // A side stream goes back to runs on the caller's stream it was last joined to, never to another's: its csr may still be
 // queued behind that stream's work, and the join would make the other stream wait for it (runs on independent streams
 // serialized; deadlocked where one waits on the host). The pool is bounded.

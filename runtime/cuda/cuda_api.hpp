@@ -41,8 +41,7 @@ namespace smla::cuda {
   X(EventSynchronize, cuEventSynchronize) X(EventElapsedTime, cuEventElapsedTime)          \
   X(StreamBeginCapture, cuStreamBeginCapture) X(StreamEndCapture, cuStreamEndCapture)      \
   X(GraphInstantiate, cuGraphInstantiateWithFlags) X(GraphLaunch, cuGraphLaunch)           \
-  X(GraphExecDestroy, cuGraphExecDestroy) X(GraphDestroy, cuGraphDestroy)                  \
-  X(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode)
+  X(GraphExecDestroy, cuGraphExecDestroy) X(GraphDestroy, cuGraphDestroy)
 
 #define SMLA_NVRTC_FUNCS(X)                                                                   \
   X(Version, nvrtcVersion) X(CreateProgram, nvrtcCreateProgram)                                \

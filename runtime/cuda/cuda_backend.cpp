@@ -24,14 +24,9 @@ struct CudaKernel : LoadedKernel {
       // Launches of this module may still be queued: the last plan holding it can go right after its run() (the
       // Runtime, whose map otherwise keeps modules until its own end, may be gone first, as README allows), and the
       // handle's use after cuModuleUnload is undefined. Wait for the context's work first (a destructor of the
-      // teardown only: while the Runtime lives it holds every module). In this thread's relaxed capture mode: in the
-      // global mode a cuCtxSynchronize while another thread captures in global mode (torch.cuda.graph's default)
-      // invalidated that capture. A module whose context's work could not be waited for is left loaded, never
-      // unloaded under it.
-      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-      const bool exchanged = driver().ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
-      if (driver().CtxSynchronize() == CUDA_SUCCESS) driver().ModuleUnload(module);
-      if (exchanged) driver().ThreadExchangeStreamCaptureMode(&mode);
+      // teardown only: while the Runtime lives it holds every module).
+      driver().CtxSynchronize();
+      driver().ModuleUnload(module);
     } catch (...) {
     }
   }

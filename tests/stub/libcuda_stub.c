@@ -218,4 +218,3 @@ STUB_UNSUPPORTED(cuEventDestroy_v2) STUB_UNSUPPORTED(cuEventRecord) STUB_UNSUPPO
 STUB_UNSUPPORTED(cuEventElapsedTime_v2) STUB_UNSUPPORTED(cuStreamBeginCapture_v2)
 STUB_UNSUPPORTED(cuStreamEndCapture) STUB_UNSUPPORTED(cuGraphInstantiateWithFlags) STUB_UNSUPPORTED(cuGraphLaunch)
 STUB_UNSUPPORTED(cuGraphExecDestroy) STUB_UNSUPPORTED(cuGraphDestroy)
-STUB_UNSUPPORTED(cuThreadExchangeStreamCaptureMode)
