@@ -105,11 +105,7 @@ nlohmann::json key_text(const std::string& s) {
     (void)nlohmann::json(s).dump();  // strict: throws on bytes that are not UTF-8
     return s;
   } catch (const nlohmann::json::type_error&) {
-    static const char* const kHex = "0123456789abcdef";
-    std::string hex;
-    hex.reserve(2 * s.size());
-    for (unsigned char c : s) hex += kHex[c >> 4], hex += kHex[c & 15];
-    return nlohmann::json{{"hex", hex}};
+    return nlohmann::json{{"hex", to_hex(s.data(), s.size())}};
   }
 }
 

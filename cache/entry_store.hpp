@@ -24,6 +24,8 @@ constexpr const char* kSource = "source.txt";
 /// SMLA_LOG_LEVEL, default warn; cache/logger.cpp).
 spdlog::logger& log();
 
+/// Bytes as lowercase hex, two chars a byte.
+std::string to_hex(const void* data, size_t n);
 /// XXH3-128 of bytes, 32 lowercase hex chars.
 std::string hash_hex(const void* data, size_t n);
 inline std::string hash_hex(const std::string& s) { return hash_hex(s.data(), s.size()); }

@@ -10,16 +10,21 @@
 namespace smla::cache {
 namespace detail {
 
+std::string to_hex(const void* data, size_t n) {
+  static const char* const hex = "0123456789abcdef";
+  const auto* b = static_cast<const unsigned char*>(data);
+  std::string s(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = hex[b[i] >> 4];
+    s[2 * i + 1] = hex[b[i] & 15];
+  }
+  return s;
+}
+
 std::string hash_hex(const void* data, size_t n) {
   XXH128_canonical_t c;
   XXH128_canonicalFromHash(&c, XXH3_128bits(data, n));
-  static const char* hex = "0123456789abcdef";
-  std::string s(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    s[2 * i] = hex[c.digest[i] >> 4];
-    s[2 * i + 1] = hex[c.digest[i] & 15];
-  }
-  return s;
+  return to_hex(c.digest, sizeof c.digest);
 }
 
 namespace {
