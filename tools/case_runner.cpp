@@ -90,6 +90,13 @@ void* CaseRunner::workspace(size_t bytes) {
   return ws_;
 }
 
+void* CaseRunner::poisoned_for_run(size_t bytes) {
+  void* ws = workspace(bytes);
+  poison_workspace();
+  poison_outputs();
+  return ws;
+}
+
 void CaseRunner::poison_workspace() {
   if (ws_) fill32(ws_, ws_bytes_ / 4 * 4, 0x7fa5a5a5u);  // a NaN pattern in fp32, garbage in bf16 and int32
 }

@@ -58,6 +58,8 @@ class CaseRunner {
   /// Fills the workspace (as workspace() made it) with a poison pattern again: no run may rely on what the last one
   /// left there.
   void poison_workspace();
+  /// A workspace of at least `bytes` and the outputs, both poisoned: what a run whose outputs are read starts on.
+  void* poisoned_for_run(size_t bytes);
   Outputs read_outputs() const;
 
  private:

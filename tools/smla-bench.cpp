@@ -262,10 +262,7 @@ int run(const Options& o) {
   // Each on a poisoned workspace too: a plan after the first would otherwise start on what the one before left there
   // (P, dS, interm, the csr), and one that did not write some of it would pass on the other's.
   for (Case& c : cases) {
-    void* ws = cr.workspace(c.plan->workspace_bytes());
-    cr.poison_workspace();
-    cr.poison_outputs();
-    c.plan->run(t, ws, c.plan->workspace_bytes(), cr.stream());
+    c.plan->run(t, cr.poisoned_for_run(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
     c.out = cr.read_outputs();
   }
   stage("first_runs");
@@ -290,10 +287,7 @@ int run(const Options& o) {
   // The workspace poisoned as well: a body that reads what an earlier run left there, instead of writing it, gives
   // other outputs on it.
   for (Case& c : cases) {
-    void* ws = cr.workspace(c.plan->workspace_bytes());
-    cr.poison_workspace();
-    cr.poison_outputs();
-    c.plan->run(t, ws, c.plan->workspace_bytes(), cr.stream());
+    c.plan->run(t, cr.poisoned_for_run(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
     c.out_last = smla::tools::output_digests(cr.read_outputs());
   }
   stage("read_back");
@@ -430,8 +424,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->transform(smla::tools::decimal(o.dkv_impls))
       ->check(CLI::Range(0, smla::TileConfig::kMaxDkvImpl));
-  app.add_option("--rounds", o.rounds, "rounds of --repeat runs, alternating the plans when several are timed; the time is the median of the "
-                 "rounds' medians (default 3 with several plans, else 1)")
+  app.add_option("--rounds", o.rounds,
+                 "rounds of --repeat runs, alternating the plans when several are timed; the time is the median of "
+                 "the rounds' medians (default 3 with several plans, else 1)")
       ->transform(smla::tools::decimal(o.rounds))
       ->check(CLI::Range(1, 100));
   app.add_flag("--backends", o.backends,

@@ -36,10 +36,8 @@ std::string TuneChecker::check(const std::function<std::shared_ptr<const Plan>(c
   std::string bad;
   for (TuneCheckCase& c : cases_) {
     const std::shared_ptr<const Plan> plan = make_plan(c.p);
-    void* ws = c.runner->workspace(plan->workspace_bytes());
-    c.runner->poison_workspace();
-    c.runner->poison_outputs();
-    plan->run(c.runner->tensors(), ws, plan->workspace_bytes(), c.runner->stream());
+    plan->run(c.runner->tensors(), c.runner->poisoned_for_run(plan->workspace_bytes()), plan->workspace_bytes(),
+              c.runner->stream());
     c.runner->sync();
     const Outputs out = c.runner->read_outputs();
     auto one = [&](const char* name, const ref::Compare& r) {
