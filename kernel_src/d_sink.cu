@@ -16,9 +16,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) smla_d_sink(SmlaParams
   // A sink of -inf has probability 0 in every row: no terms (a token with no valid slot has lse -inf too, and
   // exp(-inf - -inf) would be NaN).
   const bool no_sink = sk == -__int_as_float(0x7f800000);
+  // A sink of +inf takes every row whole: probability 1 (lse_n is +inf too, and exp(inf - inf) would be NaN).
+  const bool whole = sk == __int_as_float(0x7f800000);
   for (int t = no_sink ? p.T : threadIdx.x; t < p.T; t += NUM_THREADS) {
     const long long i = (long long)t * p.H + h;
-    acc += (double)expf(sk - p.lse_n[i]) * (double)p.delta[i];
+    acc += (whole ? 1.0 : (double)expf(sk - p.lse_n[i])) * (double)p.delta[i];
   }
   acc = smla_warp_sum_d(acc);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
@@ -26,6 +28,6 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) smla_d_sink(SmlaParams
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int w = 0; w < NUM_THREADS / 32; ++w) total += warp_sums[w];
-    p.d_sink[h] = (float)(-total);
+    p.d_sink[h] = (float)(0.0 - total);  // +0, not -0, where there is no term (the CPU backend's bits)
   }
 }

@@ -32,6 +32,10 @@ std::vector<Case> cpu_cases() {
       with(small, [](Case& c) { c.neg_inf_sink = true; }),
       with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::Base2Excl; }),
       with(small, [](Case& c) { c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),  // +inf lse, empty token
+      // a sink of +inf: with the sink in the lse (+inf), without it, and beside FlashMLA's +inf of an empty token
+      with(small, [](Case& c) { c.pos_inf_sink = true; }),
+      with(small, [](Case& c) { c.pos_inf_sink = true, c.lse = LseKind::Base2Excl; }),
+      with(small, [](Case& c) { c.pos_inf_sink = c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),
       // large logits (std 8 and 32: a softmax near one-hot, lse far from 0), unchunked and with top-k chunks
       with(small, [](Case& c) { c.logit_gain_log2 = 5; }),
       with({257, 16, 400, 160, 80, true, K::Benchmark}, [](Case& c) { c.logit_gain_log2 = 7; }),

@@ -71,7 +71,7 @@ int slot_row(const SmlaParams& p, int t, int r) {
 float logaddexp(float a, float b) {
   if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
   float m = std::max(a, b);
-  if (m == -std::numeric_limits<float>::infinity()) return m;
+  if (std::isinf(m)) return m;  // both -inf stays -inf; +inf with +inf stays +inf, not NaN
   return m + std::log1p(std::exp(std::min(a, b) - m));
 }
 
@@ -258,11 +258,13 @@ void d_sink(const SmlaParams& p) {
       p.d_sink[h] = 0.f;
       continue;
     }
+    // A sink of +inf takes every row whole (probability 1; lse_n is +inf too, and exp(inf - inf) would be NaN).
+    const bool whole = p.sink[h] == std::numeric_limits<float>::infinity();
     for (int t = 0; t < p.T; ++t) {
       long long th = static_cast<long long>(t) * p.H + h;
-      acc += std::exp(static_cast<double>(p.sink[h]) - p.lse_n[th]) * p.delta[th];
+      acc += (whole ? 1.0 : std::exp(static_cast<double>(p.sink[h]) - p.lse_n[th])) * p.delta[th];
     }
-    p.d_sink[h] = static_cast<float>(-acc);
+    p.d_sink[h] = static_cast<float>(0.0 - acc);  // +0 for no terms, as the kernel
   }
 }
 

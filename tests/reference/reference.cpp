@@ -196,12 +196,13 @@ Grads backward64(const Dims& dm, const double* q, const double* kv, const double
     g.d_sink.assign(H, 0.0);
     for (int h = 0; h < H; ++h) {
       double acc = 0;
-      // The sink's probability exp(sink - lse) is 0 when the sink is -inf, also where lse is -inf (no valid slot).
+      // The sink's probability exp(sink - lse) is 0 when the sink is -inf, also where lse is -inf (no valid slot),
+      // and 1 when it is +inf (lse +inf too: the sink takes the whole row, o is 0).
       for (int t = 0; t < dm.T && sink[h] != kNegInf; ++t) {
         size_t th = static_cast<size_t>(t) * H + h;
-        acc += std::exp(sink[h] - lse[th]) * delta[th];
+        acc += (sink[h] == -kNegInf ? 1.0 : std::exp(sink[h] - lse[th])) * delta[th];
       }
-      g.d_sink[h] = -acc;
+      g.d_sink[h] = 0.0 - acc;
     }
   }
   return g;
