@@ -163,26 +163,32 @@ void NcclReducer::all_reduce_sum(float* device_buf, size_t count, void* stream) 
 
 void NcclReducer::abort(const std::string& /*why*/) { comm_->abort(); }
 
+int NcclReducer::device() const { return comm_->device(); }
+
 // ---- the rank's backward
 
 void backward(const Plan& plan, const Tensors& t, void* workspace, size_t workspace_size, void* stream,
               Reducer& reducer) {
   const Problem& p = plan.problem();
-  SMLA_REQUIRE(p.dkv_fp32, Status::InvalidArgument,
-               "seqpar::backward needs a plan of seqpar::rank_problem(...) (Problem::dkv_fp32 = true): the dkv "
-               "partials must stay fp32 until they are summed");
-  SMLA_REQUIRE(t.dkv_stride == 0 || t.dkv_stride == D, Status::InvalidArgument,
-               "seqpar::backward reduces dkv as one packed buffer: dkv_stride must be 0 or 512, not " +
-                   std::to_string(t.dkv_stride));
-  const bool host_plan = plan.info().backend == "cpu";
-  if (reducer.memory() != Reducer::Memory::Any && (reducer.memory() == Reducer::Memory::Host) != host_plan)
-    SMLA_THROW(Status::InvalidArgument,
-               std::string("seqpar::backward: the reducer sums ") +
-                   (host_plan ? "device memory (as NcclReducer does)" : "host memory at once (as HostReducer does)") +
-                   " but the plan runs on the " + plan.info().backend + " backend" +
-                   (host_plan ? ", whose outputs are host memory: use a HostReducer"
-                              : ", whose outputs are device memory written asynchronously: use an NcclReducer"));
-  try {
+  try {  // the refusals too: a rank that throws before its reductions must release the others
+    SMLA_REQUIRE(p.dkv_fp32, Status::InvalidArgument,
+                 "seqpar::backward needs a plan of seqpar::rank_problem(...) (Problem::dkv_fp32 = true): the dkv "
+                 "partials must stay fp32 until they are summed");
+    SMLA_REQUIRE(t.dkv_stride == 0 || t.dkv_stride == D, Status::InvalidArgument,
+                 "seqpar::backward reduces dkv as one packed buffer: dkv_stride must be 0 or 512, not " +
+                     std::to_string(t.dkv_stride));
+    const bool host_plan = plan.info().backend == "cpu";
+    if (reducer.memory() != Reducer::Memory::Any && (reducer.memory() == Reducer::Memory::Host) != host_plan)
+      SMLA_THROW(Status::InvalidArgument,
+                 std::string("seqpar::backward: the reducer sums ") +
+                     (host_plan ? "device memory (as NcclReducer does)" : "host memory at once (as HostReducer does)") +
+                     " but the plan runs on the " + plan.info().backend + " backend" +
+                     (host_plan ? ", whose outputs are host memory: use a HostReducer"
+                                : ", whose outputs are device memory written asynchronously: use an NcclReducer"));
+    const int rdev = reducer.device();
+    if (rdev >= 0 && !host_plan && rdev != p.device)
+      SMLA_THROW(Status::InvalidArgument, "seqpar::backward: the reducer sums on device " + std::to_string(rdev) +
+                                              " but the plan runs on device " + std::to_string(p.device));
     plan.run(t, workspace, workspace_size, stream);
     reducer.all_reduce_sum(static_cast<float*>(t.dkv), size_t(p.num_kv) * D, stream);
     if (p.has_sink) reducer.all_reduce_sum(t.d_sink, size_t(p.H), stream);

@@ -59,6 +59,9 @@ class Reducer {
   /// backward() refuses a plan whose backend does not match (a HostReducer over a CUDA plan's dkv dereferenced
   /// device memory on the host, or read managed memory before the kernels had written it).
   virtual Memory memory() const { return Memory::Any; }
+  /// The GPU whose memory and streams it sums on (NcclReducer: its communicator's), or -1 for none in particular.
+  /// backward() refuses a GPU plan of another device: the reduction would be ordered on another device's stream.
+  virtual int device() const { return -1; }
   /// Every rank calls it with the same `count`, in the same order of calls. `buf` is memory the
   /// rank's backend uses (host for HostReducer, device for NcclReducer); `stream` orders it
   /// after the backward (ignored by HostReducer, whose CPU ranks are synchronous).
@@ -123,6 +126,7 @@ class NcclReducer : public Reducer {
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   Memory memory() const override { return Memory::Device; }
+  int device() const override;
   void all_reduce_sum(float* device_buf, size_t count, void* stream) override;
   void abort(const std::string& why) override;
 
@@ -133,6 +137,8 @@ class NcclReducer : public Reducer {
 /// One rank's share: runs `plan` (a rank_problem plan) on the rank's tensors, then sums the fp32
 /// dkv partials ([num_kv, 512], packed) and, with a sink, the d_sink partials ([H]) across ranks,
 /// in place. Launches only (plus what the reducer does): read the results after the stream.
+/// Any failure, the refusal of its arguments included, aborts `reducer` before it is thrown, so that the other ranks
+/// are not left waiting for this one.
 void backward(const Plan& plan, const Tensors& t, void* workspace, size_t workspace_size, void* stream,
               Reducer& reducer);
 

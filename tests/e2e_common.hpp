@@ -13,6 +13,7 @@
 
 #include "runtime/bf16.hpp"
 #include "runtime/cuda/cuda_api.hpp"
+#include "tests/cuda_required.hpp"
 #include "tools/case_runner.hpp"
 
 namespace smla::test {
@@ -58,15 +59,6 @@ inline std::string describe(const Case& c) {
   return s.str();
 }
 
-/// Whether CUDA runs here. With SMLA_TEST_REQUIRE_CUDA=1 (the GPU machine's scripts set it) "no" is also a failure:
-/// a regression in opening the driver would otherwise skip every CUDA test and read as a green run.
-inline bool cuda_usable() {
-  if (cuda::driver().ok) return true;
-  const char* req = std::getenv("SMLA_TEST_REQUIRE_CUDA");
-  if (req && std::string(req) == "1") ADD_FAILURE() << "SMLA_TEST_REQUIRE_CUDA=1 but CUDA is not usable: " << cuda::driver().why;
-  return false;
-}
-inline std::string cuda_why() { return cuda::driver().why; }
 
 /// One process-wide runtime, as a framework would hold it.
 inline Runtime& shared_runtime() {

@@ -9,6 +9,7 @@
 
 #include "runtime/cuda/cublas_api.hpp"
 #include "runtime/cuda/cuda_api.hpp"
+#include "tests/cuda_required.hpp"
 
 #if __has_include(<cublas_api.h>)
 #include <cublas_api.h>
@@ -142,7 +143,7 @@ TEST(CublasApi, GemmWithoutADriverIsNotMeasured) {
 }
 
 TEST(CublasApi, GemmRunsOnAGpu) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no usable CUDA device here (" << cuda::driver().why << "): GEMM not run";
+  if (!test::cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << test::cuda_why() << "): GEMM not run";
   if (!cuda::cublas()->ok) GTEST_SKIP() << "cuBLAS is not available here: " << cuda::cublas()->why;
   std::string why;
   // 1000 is not a multiple of any tile: the checked elements sit in a full and a ragged tile alike.

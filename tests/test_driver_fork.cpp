@@ -302,7 +302,7 @@ TEST(DriverFork, BackendsReportsAGpuBelowSm80InsteadOfThrowing) {
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.
 TEST(DriverFork, WithTheRealDriver) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no usable CUDA driver here (" << cuda::driver().why << "): not run";
+  if (!test::cuda_usable()) GTEST_SKIP() << "no usable CUDA driver here (" << test::cuda_why() << "): not run";
   std::string out = run_scenario("fork-after-init", false);
   ASSERT_TRUE(has(out, "parent ok=1")) << out;
   EXPECT_TRUE(has(out, "child ok=0\n")) << out;

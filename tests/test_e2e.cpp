@@ -171,9 +171,7 @@ TEST(E2E, PersistentDqKeepsTheProducerBodysBits) {
     };
     const tools::Outputs three = run(3), four = run(4);
     expect_same_bits(three, four);
-    const ref::Grads g = ref::backward(in);
-    expect_bar("dq (dq_impl 4)", ref::compare(g.dq, four.dq.data(), g.dq.size()));
-    expect_bar("dkv (dq_impl 4)", ref::compare(g.dkv, four.dkv.data(), g.dkv.size()));
+    check_against_reference(c, in, four);  // every output: equal bits alone would pass two unwritten d_sinks
   }
 }
 
@@ -220,9 +218,7 @@ TEST(E2E, FusedDkvKeepsTheIntermKernelsBits) {
     };
     const tools::Outputs unfused = run(3), fused = run(4);
     expect_same_bits(unfused, fused);
-    const ref::Grads g = ref::backward(in);
-    expect_bar("dq (dkv_impl 4)", ref::compare(g.dq, fused.dq.data(), g.dq.size()));
-    expect_bar("dkv (dkv_impl 4)", ref::compare(g.dkv, fused.dkv.data(), g.dkv.size()));
+    check_against_reference(c, in, fused);  // every output: equal bits alone would pass two unwritten d_sinks
   }
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "runtime/cuda/cuda_api.hpp"
+#include "tests/cuda_required.hpp"
 #include "runtime/nccl_api.hpp"
 #include "runtime/seqpar.hpp"
 #include "tools/case_runner.hpp"
@@ -113,7 +114,7 @@ TEST(MultiRuntimeCpu, TwoProblemsOnOneRuntimeAtOnceMatchRunningAlone) {
 // ---- CUDA: skipped without a device
 
 int cuda_devices() {
-  if (!cuda::driver().ok) return 0;
+  if (!test::cuda_usable()) return 0;
   int n = 0;
   return cuda::driver().DeviceGetCount(&n) == CUDA_SUCCESS ? n : 0;
 }
@@ -134,7 +135,7 @@ class UseDevice {
 };
 
 TEST(MultiRuntimeCuda, TwoRuntimesTwoStreamsOneDeviceSameBits) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device: " << test::cuda_why();
   const Problem p = problem(BackendKind::Cuda, 300, 64, 700, 256);
   const ref::Inputs in = ref::make_inputs(300, 64, 700, 256, true, 5, ref::TopkKind::Benchmark);
   Runtime a, b;

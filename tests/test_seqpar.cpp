@@ -8,10 +8,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "runtime/cuda/cuda_api.hpp"
+#include "tests/cuda_required.hpp"
 #include "runtime/cuda/device_memory.hpp"
 #include "runtime/nccl_api.hpp"
 #include "runtime/seqpar.hpp"
@@ -366,48 +368,71 @@ TEST(SeqparCpu, OneRankMatchesThePlainRunBitForBit) {
   EXPECT_TRUE(split.dq == one.dq);
   EXPECT_TRUE(split.dkv == one.dkv);
   EXPECT_TRUE(same_bits(split.d_sink, one.d_sink));
+  // and against float64: equal bits alone would pass two unwritten outputs
+  const ref::Grads g = ref::backward(in);
+  expect_bar("dq vs float64", ref::compare(g.dq, split.dq.data(), g.dq.size()));
+  expect_bar("dkv vs float64", ref::compare(g.dkv, split.dkv.data(), g.dkv.size()));
+  expect_bar("d_sink vs float64", ref::compare(g.d_sink, split.d_sink.data(), g.d_sink.size()));
 }
 
 // A rank whose backward fails releases the others by itself: backward() aborts its reducer before rethrowing (the
-// caller had to abort the group, or the other ranks waited for ever in their reduction).
-TEST(SeqparCpu, AFailedRankReleasesTheOthers) {
+// caller had to abort the group, or the other ranks waited for ever in their reduction). Also where the failure is
+// backward()'s own refusal of its arguments, before any run (those once threw before the abort).
+void expect_a_failed_rank_releases_the_other(const char* expected,
+                                            const std::function<void(RankRun&, size_t& ws_size)>& spoil) {
   const Problem whole = cpu_problem(33, 16, 40, 32, true);
   const ref::Inputs in = ref::make_inputs(33, 16, 40, 32, true, 5, ref::TopkKind::Uniform);
   auto group = std::make_shared<seqpar::HostGroup>(2);
+  std::mutex mu;  // errors are written by the ranks' threads and read here while they run
   std::vector<std::string> errors(2);
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
+      std::string what;
       try {
         RankRun k(whole, in, r, 2);
         seqpar::HostReducer red(group, r);
-        // Rank 1 fails in its run: a workspace one byte short.
-        seqpar::backward(*k.plan, k.t, k.ws, r == 1 ? k.plan->workspace_bytes() - 1 : k.cr->workspace_size(),
-                         k.cr->stream(), red);
+        size_t ws_size = k.cr->workspace_size();
+        if (r == 1) spoil(k, ws_size);
+        seqpar::backward(*k.plan, k.t, k.ws, ws_size, k.cr->stream(), red);
+        what = "no error";
       } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();  // no abort here: backward() must have done it
+        what = e.what();  // no abort here: backward() must have done it
       }
+      std::lock_guard<std::mutex> lk(mu);
+      errors[size_t(r)] = what;
     });
   // A deadline instead of a hang: past it the group is aborted from here, and the test fails.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   bool released = false;
-  for (;;) {
+  while (!released && std::chrono::steady_clock::now() <= deadline) {
     {
-      bool both = true;
-      for (const auto& e : errors) both = both && !e.empty();
-      if (both) {
-        released = true;
-        break;
-      }
+      std::lock_guard<std::mutex> lk(mu);
+      released = !errors[0].empty() && !errors[1].empty();
     }
-    if (std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!released) group->abort("the test's deadline");
   for (auto& t : ts) t.join();
   EXPECT_TRUE(released) << "rank 0 still waited for the failed rank 1";
-  EXPECT_NE(errors[1].find("workspace"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find(expected), std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank 1 failed"), std::string::npos) << "rank 0: " << errors[0];
+}
+
+TEST(SeqparCpu, AFailedRankReleasesTheOthers) {
+  // in its run: a workspace one byte short
+  expect_a_failed_rank_releases_the_other("workspace",
+                                          [](RankRun& k, size_t& ws_size) { ws_size = k.plan->workspace_bytes() - 1; });
+}
+
+TEST(SeqparCpu, ARankRefusedItsArgumentsReleasesTheOthers) {
+  // backward()'s own checks: a strided fp32 dkv, and a plan that is not a rank problem's (bf16 dkv)
+  expect_a_failed_rank_releases_the_other("dkv_stride", [](RankRun& k, size_t&) { k.t.dkv_stride = 1024; });
+  expect_a_failed_rank_releases_the_other("dkv_fp32", [](RankRun& k, size_t&) {
+    Problem bf16 = k.plan->problem();
+    bf16.dkv_fp32 = false;
+    k.plan = runtime().plan(bf16);
+  });
 }
 
 TEST(SeqparCpu, RejectsAPlanWithBf16Dkv) {
@@ -431,8 +456,10 @@ class DeviceMemoryReducer : public seqpar::Reducer {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   Memory memory() const override { return Memory::Device; }
+  int device() const override { return device_; }
   void all_reduce_sum(float*, size_t, void*) override { ++calls; }
-  int calls = 0;
+  void abort(const std::string&) override { ++aborts; }
+  int calls = 0, aborts = 0, device_ = -1;
 };
 
 void expect_refused_reducer(const Plan& plan, seqpar::Reducer& red, const std::string& says) {
@@ -472,6 +499,12 @@ class CudaPlanStandIn : public Plan {
   PlanInfo info_;
 };
 
+// The stand-in whose run() does nothing: what backward() does around it.
+class CudaPlanStandInQuiet : public CudaPlanStandIn {
+ public:
+  void run(const Tensors&, void*, size_t, void*) const override {}
+};
+
 TEST(SeqparCpu, RefusesAHostReducerBesideAGpuPlan) {
   const CudaPlanStandIn plan;
   auto group = std::make_shared<seqpar::HostGroup>(1);
@@ -479,8 +512,24 @@ TEST(SeqparCpu, RefusesAHostReducerBesideAGpuPlan) {
   expect_refused_reducer(plan, red, "the plan runs on the cuda backend, whose outputs are device memory");
 }
 
+// A reducer of another GPU than the plan's: its reduction would be queued on that GPU's streams, unordered with the
+// plan's kernels. Refused, and the reducer aborted (the other ranks are released).
+TEST(SeqparCpu, RefusesAReducerOfAnotherGpu) {
+  const CudaPlanStandIn plan;  // device 0
+  DeviceMemoryReducer red;
+  red.device_ = 1;
+  expect_refused_reducer(plan, red, "the reducer sums on device 1 but the plan runs on device 0");
+  EXPECT_EQ(red.calls, 0);
+  EXPECT_EQ(red.aborts, 1);
+  red.device_ = 0;  // a reducer of the plan's own GPU is taken
+  red.aborts = 0;
+  EXPECT_NO_THROW(seqpar::backward(CudaPlanStandInQuiet(), Tensors{}, nullptr, 0, nullptr, red));
+  EXPECT_EQ(red.calls, 1);  // dkv (the stand-in's problem has no sink)
+  EXPECT_EQ(red.aborts, 0);
+}
+
 TEST(SeqparCuda, RefusesAHostReducerBesideACudaPlan) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device: " << test::cuda_why();
   Problem whole = cpu_problem(8, 16, 8, 32, false);
   whole.dkv_fp32 = true, whole.backend = BackendKind::Cuda;
   auto plan = runtime().plan(whole);
@@ -537,7 +586,7 @@ TEST(Nccl, MulticastIsForcedOff) {
 // Destroying a communicator leaves the thread's current context as it found it (NCCL's group end set its device back,
 // which on a thread with none made device 0's primary context current).
 TEST(Nccl, DestroyingACommunicatorLeavesNoContextCurrent) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device: " << test::cuda_why();
   std::string why;
   if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
   std::string problem;
@@ -561,7 +610,7 @@ TEST(Nccl, DestroyingACommunicatorLeavesNoContextCurrent) {
 // The CUDA ranks' path end to end on one GPU: a one-rank seqpar backward over NCCL equals the plain run (dq bits; the
 // fp32 dkv rounded once is the plain run's bf16 dkv; d_sink), and a failed run aborts the communicator.
 TEST(SeqparCuda, OneRankOverNcclMatchesThePlainRun) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device: " << test::cuda_why();
   std::string why;
   if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
   Problem whole = cpu_problem(65, 64, 200, 160, true);
@@ -578,6 +627,10 @@ TEST(SeqparCuda, OneRankOverNcclMatchesThePlainRun) {
   seqpar::round_to_bf16(out.dkv_f32.data(), dkv.data(), dkv.size());
   EXPECT_TRUE(dkv == one.dkv) << "dkv differs from the plain run";
   EXPECT_TRUE(same_bits(out.d_sink, one.d_sink)) << "d_sink differs from the plain run";
+  const ref::Grads g = ref::backward(in);  // equal bits alone would pass two unwritten outputs
+  expect_bar("dq vs float64", ref::compare(g.dq, out.dq.data(), g.dq.size()));
+  expect_bar("dkv vs float64", ref::compare(g.dkv, dkv.data(), g.dkv.size()));
+  expect_bar("d_sink vs float64", ref::compare(g.d_sink, out.d_sink.data(), g.d_sink.size()));
   // A failed run (a workspace one byte short) aborts the communicator: the next reduction says so.
   EXPECT_THROW(seqpar::backward(*k.plan, k.t, k.ws, k.plan->workspace_bytes() - 1, k.cr->stream(), red), Error);
   try {
@@ -589,7 +642,7 @@ TEST(SeqparCuda, OneRankOverNcclMatchesThePlainRun) {
 }
 
 TEST(Nccl, OneRankOnOneGpuIsTheIdentity) {
-  if (!cuda::driver().ok) GTEST_SKIP() << "no CUDA device: " << cuda::driver().why;
+  if (!test::cuda_usable()) GTEST_SKIP() << "no CUDA device: " << test::cuda_why();
   std::string why;
   if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
   seqpar::NcclReducer red(nccl::unique_id(*nccl::library()), 0, 1, 0);  // device 0, as DeviceBuffer takes

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,9 +227,13 @@ RankOut unpack(const std::string& s) {
 template <class Fn>
 pid_t spawn(Fn fn) {
   std::fflush(stdout), std::fflush(stderr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
+    // A rank outlives no parent: one killed alone (a timeout, kill <pid>) would leave its ranks spinning in NCCL on
+    // their GPUs. (The parent may already be gone before the prctl: then exit at once.)
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(2);
     int rc = 2;
     try {
       rc = fn();
@@ -298,8 +303,16 @@ std::vector<RankOut> cuda_ranks(const Problem& whole, const ref::Inputs& in, int
       Problem p = whole;
       p.device = r;
       seqpar::NcclReducer red(id, r, n, r);  // (its context is current only inside its calls: CaseRunner takes p.device)
-      RankOut o = run_rank(rt, p, in, r, n, red);
-      if (r == 0 && one) o.one = one_rank(rt, p, in);  // only for --check
+      RankOut o;
+      try {
+        o = run_rank(rt, p, in, r, n, red);
+        if (r == 0 && one) o.one = one_rank(rt, p, in);  // only for --check
+      } catch (const std::exception& e) {
+        // Whatever failed (plan(), an allocation, a kernel fault at the sync): abort the communicator, or its
+        // destruction in the unwinding could wait for a collective this rank queued and will never finish.
+        red.abort(e.what());
+        throw;
+      }
       const std::string bytes = pack(o);
       write_all(out_pipe[size_t(r)][1], bytes.data(), bytes.size());
       return 0;
