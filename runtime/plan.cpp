@@ -130,7 +130,9 @@ void check_rows_disjoint(const char* name, int64_t n_t, int64_t st, const char* 
 }
 
 // No output (the workspace is one) may share a byte with an input or another output: the phases read their inputs after
-// other phases wrote outputs, and the outputs are written by many threads at once.
+// other phases wrote outputs, and the outputs are written by many threads at once. Judged by address ranges (first
+// to last byte): two views interleaved in one buffer (q and dq as the halves of each row) are refused as well, though
+// they share no byte.
 template <size_t NO, size_t NI>
 void check_no_overlap(const std::array<Span, NO>& outputs, const std::array<Span, NI>& others) {
   auto clash = [](const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; };
