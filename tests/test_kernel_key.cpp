@@ -23,8 +23,15 @@ std::set<std::string> digests_for(int64_t T, int64_t H) {
   KernelSources src;
   cuda::NvrtcCompiler nvrtc;
   std::set<std::string> out;
-  for (const Step& st : order_steps(s, cuda_phase_kernels))
+  // A key that ignored its inputs would make equal sets everywhere: one digest for each distinct translation unit
+  // (source and defines; entries of one unit share it, KernelKey.EntriesOfOneSourceShareABinary), no fewer.
+  std::set<std::pair<std::string, std::vector<std::pair<std::string, long long>>>> units;
+  for (const Step& st : order_steps(s, cuda_phase_kernels)) {
     out.insert(cache::make_key(kernel_key_fields(st.spec, src, nvrtc, "sm_90a", nullptr)).digest);
+    units.insert({st.spec.stem, st.spec.defines});
+  }
+  EXPECT_EQ(out.size(), units.size()) << "T " << T << " H " << H;
+  EXPECT_GE(out.size(), 5u);  // delta or dq, dkv, csr, gather, d_sink at least
   return out;
 }
 
