@@ -35,6 +35,14 @@ namespace {
 
 constexpr const char* kSoname = "libnccl.so.2";
 
+// NCCL's version code as major.minor.patch (2.9 changed the code's layout: 2.8.4 is 2804, 2.28.3 is 22803).
+std::string version_text(int v) {
+  if (v <= 0) return "of an unknown version";
+  const bool wide = v >= 20900;
+  return std::to_string(wide ? v / 10000 : v / 1000) + "." + std::to_string(wide ? (v / 100) % 100 : (v / 100) % 10) +
+         "." + std::to_string(v % 100);
+}
+
 std::shared_ptr<Api> load(const std::string& path) {
   auto a = std::make_shared<Api>();
   a->path = path;
@@ -61,12 +69,14 @@ std::shared_ptr<Api> load(const std::string& path) {
   if (!a->why.empty()) return a;
   if (a->GetVersion(&a->version) != ncclSuccess) a->version = 0;
   a->ok = true;
+  log().debug("NCCL {} opened from '{}'", version_text(a->version), path);
   return a;
 }
 
 void check(const Api& a, ncclResult_t r, ncclComm_t comm, const char* call, int line) {
   if (r == ncclSuccess) return;
   std::string msg = std::string("NCCL error ") + std::to_string(int(r)) + ": " + a.GetErrorString(r);
+  msg += " (NCCL " + version_text(a.version) + " from '" + a.path + "')";  // which library said it
   if (a.GetLastError) {
     const char* last = a.GetLastError(comm);
     if (last && *last) msg += std::string(" (") + last + ")";
