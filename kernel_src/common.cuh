@@ -301,8 +301,10 @@ __device__ __forceinline__ float smla_lse_natural(float l, int lse_mode, const f
   if ((lse_mode & SMLA_LSE_EXCLUDES_SINK) && sink != nullptr) {
     const float sk = sink[h];
     const float m = fmaxf(l, sk);
-    // logaddexp; both -inf stays -inf and both +inf stays +inf instead of becoming NaN
-    if (fabsf(m) != __int_as_float(0x7f800000)) l = m + log1pf(expf(-fabsf(l - sk)));
+    // logaddexp; both -inf stays -inf and both +inf stays +inf instead of becoming NaN, and a NaN stays NaN (fmaxf
+    // drops one beside an infinity), as the CPU backend's
+    if (l != l || sk != sk) l += sk;
+    else if (fabsf(m) != __int_as_float(0x7f800000)) l = m + log1pf(expf(-fabsf(l - sk)));
     else l = m;
   }
   return l;

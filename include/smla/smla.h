@@ -63,7 +63,8 @@ typedef struct {
                                            smla_plan_options_t.t_chunk) */
   int lse_base2;                        /* lse is log2-based (TileLang's example forward) */
   int lse_excludes_sink;                /* lse leaves the sink out (FlashMLA's sparse forward: natural log, sink
-                                           out, +inf for a token with no valid slot) */
+                                           out, +inf for a token with no valid slot; its first sparse prefill
+                                           forward, before attn_sink, documented base 2: check the release) */
   int check_indices;                    /* record the first out-of-range index */
   int dkv_fp32;                         /* dkv output is fp32, unreduced */
   smla_backend_t backend;

@@ -65,7 +65,8 @@ const char* backend_name(BackendKind b);
 
 /// How the caller's `lse` was computed. aiter's forward: natural log, sink included (the
 /// default). FlashMLA's sparse forward: natural log, sink excluded (`includes_sink = false`), +inf for a token
-/// with no valid slot (taken as it is). TileLang's example forward: base 2, sink excluded.
+/// with no valid slot (taken as it is); its first sparse prefill forward (before attn_sink) documented base 2
+/// (`base2 = true` too): check the release. TileLang's example forward: base 2, sink excluded.
 struct LseConvention {
   bool base2 = false;
   bool includes_sink = true;
