@@ -3,7 +3,7 @@
 # and the DSv4 shapes. Run from the repo root on the GPU machine with build/ carried.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/e2e_common.hpp)
+export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/cuda_required.hpp)
 export SMLA_CACHE_DIR=/tmp/smla-cache SMLA_LOG_LEVEL=info
 B=build/bin
 # Every command's exit status is printed (a failed --check, a crash or a timeout showed nothing).

@@ -3,7 +3,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=build/bin
-export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/e2e_common.hpp)
+export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/cuda_required.hpp)
 export SMLA_CACHE_DIR=/tmp/smla-final-cache
 # (the status saved first: "$(basename ...)" in the echo reset $?, and every test read rc=0, a crash too)
 run() {

@@ -5,7 +5,7 @@
 # Usage (repo root, build/bin and optionally build/base carried): bench/h200_perf.sh [seconds for extra shapes]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/e2e_common.hpp)
+export SMLA_TEST_REQUIRE_CUDA=1  # a CUDA test that skips here is a failure (tests/cuda_required.hpp)
 export SMLA_CACHE_DIR=/tmp/smla-cache SMLA_LOG_LEVEL=warn
 B=build/bin
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

@@ -232,8 +232,11 @@ pid_t spawn(Fn fn) {
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
     // A rank outlives no parent: one killed alone (a timeout, kill <pid>) would leave its ranks spinning in NCCL on
-    // their GPUs. (The parent may already be gone before the prctl: then exit at once.)
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(2);
+    // their GPUs. The signal follows the forking thread, which is this tool's main thread. Best effort where prctl is
+    // refused (a sandbox); a parent already gone before it took effect: exit at once.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+      std::fprintf(stderr, "smla-seqpar: a rank could not ask to die with its parent (prctl: %s)\n", std::strerror(errno));
+    if (getppid() != parent) _exit(2);
     int rc = 2;
     try {
       rc = fn();

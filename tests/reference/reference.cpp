@@ -85,7 +85,7 @@ double dot(const double* a, const double* b) {
 double logaddexp(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::nan("");  // std::max would drop a NaN second argument
   double m = std::max(a, b);
-  if (m == kNegInf) return kNegInf;
+  if (std::isinf(m)) return m;  // both -inf stays -inf, +inf with +inf stays +inf (not NaN), as the backends
   return m + std::log1p(std::exp(std::min(a, b) - m));
 }
 
