@@ -483,25 +483,32 @@ CompileResult HipRtcCompiler::compile(const RenderedSource& src, const std::stri
     if (v == detail::ProbeVerdict::Refused || v == detail::ProbeVerdict::TimedOut)
       throw Error(Status::CompileError, why, __FILE__, __LINE__, "hiprtcCompileProgram");
     if (std::optional<CompileResult> r = compile_in_worker(src, target, exe)) return std::move(*r);
-    std::lock_guard<std::mutex> lk(compile_mutex());  // the worker has no hipRTC: here, as without one
-    return compile_locked(api, src, target, options(target));
+    // The worker has no hipRTC (its probe was no verdict): here, under the same guard as without a worker.
+    return compile_here(api, src, target, "smla-hiprtc-worker (" + exe + ") could not open hipRTC to probe it", false);
   }
-  // No worker: this process compiles, and a hipRTC abort would end it. Refuse what this ROCm is
-  // known to be too old for (hipRTC 5.x aborts on an unknown processor), warn about the rest.
+  return compile_here(api, src, target,
+                      "smla-hiprtc-worker was not found to probe it: set SMLA_HIPRTC_WORKER or install it next to the "
+                      "executable or libsmla",
+                      true);
+}
+
+// This process compiles, and a hipRTC abort would end it. Refuse what this ROCm is known to be too old for (hipRTC
+// 5.x aborts on an unknown processor), warn about the rest (compile_in_worker warned already where it ran).
+CompileResult HipRtcCompiler::compile_here(const Api& api, const RenderedSource& src, const std::string& target,
+                                           const std::string& no_probe, bool warn) const {
   const std::string proc = hip_target_processor(target);
   const auto [need, need_name] = min_rocm_of(proc);
   const int have = hip_runtime_version(api);
   if (have < need)
     throw Error(Status::CompileError,
                 "hipRTC of HIP " + hip_version_string(have) + " cannot compile for " + target + ": " + proc +
-                    " needs ROCm >= " + need_name +
-                    " (smla-hiprtc-worker was not found to probe it: set SMLA_HIPRTC_WORKER or install it next to "
-                    "the executable or libsmla)",
+                    " needs ROCm >= " + need_name + " (" + no_probe + ")",
                 __FILE__, __LINE__, "hiprtcCompileProgram");
-  detail::warn_once(
-      "smla-hiprtc-worker not found (set SMLA_HIPRTC_WORKER to it, or install it next to the executable or "
-      "libsmla): hipRTC compiles in this process, where a compiler crash (ROCm's LLVM aborts on some errors) "
-      "ends the process");
+  if (warn)
+    detail::warn_once(
+        "smla-hiprtc-worker not found (set SMLA_HIPRTC_WORKER to it, or install it next to the executable or "
+        "libsmla): hipRTC compiles in this process, where a compiler crash (ROCm's LLVM aborts on some errors) "
+        "ends the process");
   std::lock_guard<std::mutex> lk(compile_mutex());
   return compile_locked(api, src, target, options(target));
 }

@@ -14,6 +14,8 @@
 
 namespace smla::hip {
 
+struct Api;
+
 /// Targets smla builds for, as full target ids (what the devices report as gcnArchName).
 std::vector<std::string> hip_known_targets();
 /// The processors of hip_known_targets(), the only ones smla's AMD kernels are written for (their
@@ -53,8 +55,8 @@ bool hip_target_known(const std::string& target, std::string* why, const std::st
 /// compile() (what plan() calls) refuses unsupported targets (hip_target_supported), probes the
 /// target once in a worker, then compiles in an smla-hiprtc-worker process, so that a compiler
 /// crash (ROCm's LLVM aborts on some errors) becomes an smla::Error instead of the caller's death.
-/// Without a worker (none found: see hip_worker_path), it refuses a target the installed ROCm is
-/// too old for, and compiles in this process after a warning (once) saying how to provide one.
+/// Without a worker (none found: see hip_worker_path), or with one that cannot open hipRTC, it refuses a target the
+/// installed ROCm is too old for, and compiles in this process after a warning (once) saying how to provide one.
 class HipRtcCompiler : public RtcCompiler {
  public:
   /// `probe_targets` false only inside the worker itself: compile in this process, as asked,
@@ -79,6 +81,10 @@ class HipRtcCompiler : public RtcCompiler {
 
  private:
   std::string base_identity() const;  // everything but the environment; computed once
+  /// A compile in this process where no worker could probe the target (`no_probe` says why): refuses a target this
+  /// ROCm is too old for; `warn`: say once that a compiler crash would end the process.
+  CompileResult compile_here(const Api& api, const RenderedSource& src, const std::string& target,
+                             const std::string& no_probe, bool warn) const;
   bool probe_targets_;
   std::string worker_;
 };

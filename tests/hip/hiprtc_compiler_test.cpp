@@ -214,6 +214,30 @@ TEST(HipRtcCompiler, WithoutAWorkerRefusesWhatThisRocmCannotCompileAndCompilesTh
   }
 }
 
+// A worker that cannot open hipRTC (exit 4: the runtime is reachable only from the parent) gives the probe no verdict,
+// and the compile falls back to this process: there the same guard as without a worker must hold (ROCm 5.2's hipRTC
+// killed this process on gfx950), not an in-process compile of a target this ROCm is too old for.
+TEST(HipRtcCompiler, AWorkerWithoutHipRtcKeepsTheGuardOfNoWorker) {
+  SMLA_REQUIRE_HIPRTC();
+  if (hip_runtime_version(Api::require()) >= 70000000) GTEST_SKIP() << "this ROCm (>= 7.0) compiles for gfx950";
+  TempDir dir("smla-test");
+  const std::string no_rtc = test::write_script(dir.path(), "w-no-rtc", "exit 4");
+  detail::forget_probes();
+  HipRtcCompiler c(true, no_rtc);
+  try {
+    c.compile(test::mfma_source("smla_test_no_rtc"), "gfx950");
+    ADD_FAILURE() << "gfx950 compiled with ROCm < 7";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("gfx950 needs ROCm >= 7.0"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("could not open hipRTC to probe it"), std::string::npos) << e.message();
+  }
+  // what this ROCm knows still compiles here
+  const ElfInfo elf = read_elf(c.compile(test::mfma_source("smla_test_no_rtc"), "gfx90a").binary);
+  EXPECT_TRUE(elf.valid) << elf.error;
+  detail::forget_probes();
+}
+
 TEST(HipRtcCompiler, CompileErrorCarriesLogAndDumpedSource) {
   SMLA_REQUIRE_HIPRTC();
   RenderedSource bad{"smla_broken.hip", "extern \"C\" __global__ void k() { this is not c++; }\n", {}};
