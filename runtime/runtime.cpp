@@ -181,6 +181,14 @@ BackendKind Runtime::resolve(BackendKind b) const {
     std::call_once(told, [] { log().warn("backend auto: not CUDA: {}", cuda::driver().why); });
   }
   if (impl_->hip.usable(nullptr)) return BackendKind::Hip;
+  if (hip::hip_forked_after_init()) {
+    static std::once_flag told;
+    std::call_once(told, [this] {
+      std::string why;
+      impl_->hip.usable(&why);
+      log().warn("backend auto: not HIP: {}", why);
+    });
+  }
   return BackendKind::Cpu;
 }
 

@@ -4,6 +4,8 @@
 // current for its own calls only: a framework thread (PyTorch-ROCm) allocates on the device it had current.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -71,6 +73,45 @@ TEST(HipDevice, LoadLaunchAndReadBackKeepTheCallersDevice) {
   EXPECT_EQ(stub("smla_stub_hip_devsync_device"), 1) << "device 1's work was not waited for";
   EXPECT_EQ(stub("smla_stub_hip_devsync_then_unload"), 1) << "the unload did not come right after the wait";
   EXPECT_EQ(current_device(), 0) << "the unload left device 1 current";
+}
+
+// A child forked from a process that had initialised HIP (a DataLoader-style worker of a PyTorch-ROCm job) cannot use
+// the runtime it inherited: the backend says so, and a plan made before the fork refuses to launch or load there
+// rather than fail in the runtime with no cause named (or hang). The parent goes on as before.
+TEST(HipDevice, AForkedChildIsToldHipIsNotItsToUse) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << "the stub HIP runtime did not open: " << why;
+  const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 256);
+  auto k = be.load(spec, {0}, 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int bad = 0;
+    std::string w;
+    if (hip::HipBackend().usable(&w) || w.find("forked from one that had initialised HIP") == std::string::npos) bad |= 1;
+    try {
+      be.launch(*k, spec, SmlaParams{}, nullptr);
+      bad |= 2;
+    } catch (const Error& e) {
+      if (e.status() != Status::NoBackend || e.message().find("spawn, not fork") == std::string::npos) bad |= 2;
+    }
+    try {
+      be.load(spec, {0}, 0);
+      bad |= 4;
+    } catch (const Error& e) {
+      if (e.status() != Status::NoBackend) bad |= 4;
+    }
+    if (!hip::hip_forked_after_init()) bad |= 8;
+    _exit(bad);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "the child died";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "bits: 1 usable() in the child, 2 launch(), 4 load(), 8 hip_forked_after_init()";
+  EXPECT_TRUE(be.usable(&why)) << why;  // the parent is unchanged
+  EXPECT_FALSE(hip::hip_forked_after_init());
+  EXPECT_NO_THROW(be.launch(*k, spec, SmlaParams{}, nullptr));
 }
 
 // A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include "hip_api.hpp"
 #include "kernels_hip.hpp"
 #include "rocprim_sort.hpp"
@@ -69,6 +71,27 @@ class RocprimKernel : public LoadedKernel {
 
 HipBackend::HipBackend() = default;
 
+namespace {
+// The process that initialised the HIP runtime (0: none). A child it forks inherits a runtime it cannot use (as with
+// CUDA: a DataLoader-style worker of a PyTorch-ROCm job): there the backend is unusable and says why.
+std::atomic<pid_t> g_hip_init_pid{0};
+
+std::string forked_why() {
+  return "HIP backend unusable: this process was forked from one that had initialised HIP (pid " +
+         std::to_string(g_hip_init_pid.load()) + "), and a forked child cannot use it: start workers with spawn, "
+         "not fork";
+}
+}  // namespace
+
+bool hip_forked_after_init() {
+  const pid_t p = g_hip_init_pid.load(std::memory_order_relaxed);
+  return p != 0 && p != ::getpid();
+}
+
+void require_not_forked(const char* call) {
+  if (hip_forked_after_init()) throw Error(Status::NoBackend, forked_why(), __FILE__, __LINE__, call);
+}
+
 const HipBackend::Probe& HipBackend::probe() {
   static const Probe p = [] {
     Probe r;
@@ -79,6 +102,7 @@ const HipBackend::Probe& HipBackend::probe() {
       return r;
     }
     hipError_t e = api->hipInit(0);
+    if (e == kHipSuccess) g_hip_init_pid.store(::getpid());
     int n = 0;
     if (e == kHipSuccess) e = api->hipGetDeviceCount(&n);
     if (e != kHipSuccess || n <= 0) {
@@ -98,6 +122,10 @@ const HipBackend::Probe& HipBackend::probe() {
 bool HipBackend::usable(std::string* why) const {
   try {
     const Probe& p = probe();
+    if (p.usable && hip_forked_after_init()) {
+      if (why) *why = forked_why();
+      return false;
+    }
     if (!p.usable && why) *why = p.why;
     return p.usable;
   } catch (const std::exception& e) {  // e.g. hipRuntimeGetVersion failing inside the message
@@ -115,6 +143,7 @@ std::string HipBackend::target(int device) const {
 
 std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std::vector<uint8_t>& binary,
                                                int device) {
+  require_not_forked("hipModuleLoadData");
   const Api& api = Api::require();
   // Every kernel plan() loads passes here, compiled or taken from a cache: a processor the kernels
   // are not written for is refused before anything runs on it.
@@ -187,6 +216,7 @@ size_t HipBackend::sort_temp_bytes(const RocprimSort& sort, int device, int n, i
 }
 
 void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const SmlaParams& p, void* stream) {
+  require_not_forked("hipModuleLaunchKernel");  // a plan made before a fork, run in the child
   if (const auto* rk = dynamic_cast<const RocprimKernel*>(&lk)) {
     // Stable sort of the chunk's (key, slot) pairs from buffer 1 - csr_final (smla_csr_keys
     // wrote it) into buffer csr_final, where rowptr and gather read; csr_hist is rocPRIM's
@@ -254,6 +284,7 @@ size_t HipBackend::max_shared_memory(int device) const {
 // The stream (null: the current device's) is the one the plan ran on, of the device that holds `src` (the plan's
 // workspace): that device is made current for the wait and the copy, whichever the caller's thread has.
 void HipBackend::read_back(void* dst, const void* src, size_t bytes, void* stream) const {
+  require_not_forked("hipMemcpyDtoH");
   const Api& api = Api::require();
   PointerAttributes a{};
   SMLA_HIP_CHECK(api, hipPointerGetAttributes(&a, src));

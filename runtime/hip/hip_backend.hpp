@@ -15,6 +15,11 @@ class RocprimSort;
 /// invalid source, the object's initialisation failing): what a recompile may mend. Reads SMLA_HIP_CHECK's message.
 bool hip_is_binary_refusal(const Error& e);
 
+/// This process was forked from the one that initialised the HIP runtime: the backend is unusable here (usable() says
+/// so), and a plan made before the fork refuses to load, launch or read back (Status::NoBackend).
+bool hip_forked_after_init();
+void require_not_forked(const char* call);
+
 class HipBackend : public Backend {
  public:
   HipBackend();
