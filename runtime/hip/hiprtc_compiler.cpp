@@ -144,6 +144,11 @@ std::optional<CompileResult> compile_in_worker(const RenderedSource& src, const 
                       "): hipRTC compiles in this process, where a compiler crash ends the process");
     return std::nullopt;
   }
+  if (r[0].exit_status == 6)  // hipRTC failed outside the compile (or the worker ran out of memory): no dump
+    throw Error(Status::CompileError,
+                "smla-hiprtc-worker (" + exe + ") could not compile " + src.name + " for " + target + ": " +
+                    r[0].error + (r[0].result.log.empty() ? "" : ": " + r[0].result.log),
+                __FILE__, __LINE__, "hiprtcCompileProgram");
   if (r[0].exit_status == 3 || r[0].exit_status == 5)  // the source is not at fault: no dump
     throw Error(Status::CompileError,
                 "smla-hiprtc-worker (" + exe + ") did not compile " + src.name + " for " + target + ": " +

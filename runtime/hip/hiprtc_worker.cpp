@@ -3,7 +3,9 @@
 //   smla-hiprtc-worker [--status <status-out>] [--parent <pid>] <request> <code-object-out> <log-out>
 //
 // The request is written by detail::write_request. Exit status: 0 compiled, 2 compile error
-// (log written), 3 bad usage or I/O, 4 hipRTC unavailable, 5 its parent is gone. A hipRTC abort
+// (log written: hipRTC refused the source or the target), 3 bad usage or I/O, 4 hipRTC unavailable, 5 its parent is
+// gone, 6 hipRTC or this process failed outside the compile itself (creating the program, copying the code out, out
+// of memory: log written), which says nothing of the source or the target. A hipRTC abort
 // (unknown target, LLVM selection error) kills only this process; the parent reports the signal.
 // The worker dies with its parent (PR_SET_PDEATHSIG: SIGKILL): an interrupted parent leaves no
 // compile running. With --parent, it first checks that its parent is still that process (it may
@@ -83,7 +85,14 @@ int compile(const Args& a) {
   } catch (const smla::Error& e) {
     log << e.message();
     log.close();
-    return e.status() == smla::Status::CompileError ? 2 : 3;
+    // Only the compile's own verdict (and an empty code object) is the source's or the target's: a parent's probe
+    // takes exit 2 for "this hipRTC cannot compile for the target" for the rest of its life.
+    const bool verdict = e.call() == "hiprtcCompileProgram" || e.call() == "hiprtcGetCode";
+    return e.status() == smla::Status::CompileError ? (verdict ? 2 : 6) : 3;
+  } catch (const std::exception& e) {  // std::bad_alloc and the like: not a crash of hipRTC (SIGABRT is read as one)
+    log << "smla-hiprtc-worker: " << e.what();
+    log.close();
+    return 6;
   }
 }
 

@@ -108,6 +108,26 @@ TEST(HipRtcWorker, AWorkerWithoutHipRtcFallsBackToThisProcess) {
   }
 }
 
+// A worker whose hipRTC failed outside the compile (exit 6: creating the program, copying the code out, out of
+// memory) fails that compile with what it said, no source dump (the source is not at fault) and no talk of another
+// smla version (exit 3's hint).
+TEST(HipRtcWorker, AFailureOutsideTheCompileIsNotTheSources) {
+  SMLA_REQUIRE_HIPRTC();
+  TempDir dir("smla-test");
+  const std::string oom = test::probe_passing_worker(
+      dir.path(), "oom", "eval log=\\${$#}\nprintf 'hiprtcCreateProgram failed: out of memory (fake)' > \"$log\"\nexit 6");
+  try {
+    HipRtcCompiler(true, oom).compile(test::mfma_source("smla_oom"), "gfx90a");
+    ADD_FAILURE() << "a worker that exited 6 compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("could not compile smla_oom"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("out of memory (fake)"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("source dumped"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("another smla version"), std::string::npos) << e.message();
+  }
+}
+
 // Workers open the HIP runtime this process uses (one a framework already loaded included), unless the user named one.
 TEST(HipRtcWorker, WorkersAreToldWhichHipRuntimeThisProcessUses) {
   SMLA_REQUIRE_HIPRTC();
