@@ -114,6 +114,23 @@ TEST(HipDevice, AForkedChildIsToldHipIsNotItsToUse) {
   EXPECT_NO_THROW(be.launch(*k, spec, SmlaParams{}, nullptr));
 }
 
+// A failed launch leaves no error pending on the thread: on ROCm >= 7 a pending error fails the next rocPRIM sort of a
+// corrected run, and the host framework's next launch check (load() already cleared it after its own failures).
+TEST(HipDevice, AFailedLaunchLeavesNoErrorPending) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 256);
+  auto k = be.load(spec, {0}, 0);
+  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr);
+  auto failing = reinterpret_cast<void* (*)()>(dlsym(h, "smla_stub_hip_failing_stream"));
+  ASSERT_NE(failing, nullptr);
+  EXPECT_THROW(be.launch(*k, spec, SmlaParams{}, failing()), Error);
+  EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the failed launch's error is still pending on this thread";
+  dlclose(h);
+}
+
 // A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP
 // backend never said where device memory was, so a plan of device 1 took device 0's memory into its kernels (a memory
 // access fault without peer access).

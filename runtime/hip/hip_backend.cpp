@@ -229,8 +229,13 @@ void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const Sm
     DeviceScope use(rk->api_, rk->device_);
     const int n = p.T * p.r_chunk, in = 1 - p.csr_final, out = p.csr_final;
     const int end_bit = radix_bits_for(p.num_kv);
-    rk->sort_->sort_pairs(p.csr_hist, spec.scratch_bytes, p.csr_keys[in], p.csr_keys[out], p.csr_vals[in],
-                          p.csr_vals[out], n, 0, end_bit, stream);
+    try {
+      rk->sort_->sort_pairs(p.csr_hist, spec.scratch_bytes, p.csr_keys[in], p.csr_keys[out], p.csr_vals[in],
+                            p.csr_vals[out], n, 0, end_bit, stream);
+    } catch (...) {
+      rk->api_.hipGetLastError();  // leave no error pending (as load() does): see below
+      throw;
+    }
     return;
   }
   const auto& k = static_cast<const HipKernel&>(lk);
@@ -239,9 +244,16 @@ void HipBackend::launch(const LoadedKernel& lk, const KernelSpec& spec, const Sm
   SmlaParams params = p;
   params.pass = spec.pass;
   void* args[] = {&params};
-  SMLA_HIP_CHECK(api, hipModuleLaunchKernel(k.fn_, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x,
-                                            spec.block.y, spec.block.z, spec.smem_bytes,
-                                            static_cast<hipStream_t>(stream), args, nullptr));
+  try {
+    SMLA_HIP_CHECK(api, hipModuleLaunchKernel(k.fn_, spec.grid.x, spec.grid.y, spec.grid.z, spec.block.x,
+                                              spec.block.y, spec.block.z, spec.smem_bytes,
+                                              static_cast<hipStream_t>(stream), args, nullptr));
+  } catch (...) {
+    // A failed launch leaves its error pending on the thread (ROCm >= 7): the next rocPRIM sort of a corrected run
+    // and the host framework's next launch check would fail on it. The error is in the exception.
+    api.hipGetLastError();
+    throw;
+  }
 }
 
 PointerKind pointer_kind_from(int memory_type, int runtime_version) {

@@ -68,7 +68,15 @@ STUB int hipDriverGetVersion(int* v) {
 }
 STUB const char* hipGetErrorName(int e) { return e == kOk ? "hipSuccess" : "hipErrorStub"; }
 STUB const char* hipGetErrorString(int) { return "stub HIP runtime"; }
-STUB int hipGetLastError() { return kOk; }
+// The thread's pending error, as HIP keeps one (ROCm >= 7: a later call's check reads it): set by a failed launch,
+// returned and cleared by hipGetLastError.
+thread_local int g_pending = kOk;
+STUB int smla_stub_hip_pending() { return g_pending; }
+STUB int hipGetLastError() {
+  const int e = g_pending;
+  g_pending = kOk;
+  return e;
+}
 STUB int hipGetDeviceCount(int* n) {
   *n = kDevices;
   return kOk;
@@ -122,9 +130,12 @@ STUB int hipModuleGetFunction(void** fn, void*, const char*) {
   *fn = &functions;
   return kOk;
 }
-STUB int hipModuleLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                               void**, void**) {
+// A launch on the stream smla_stub_hip_failing_stream() fails (hipErrorInvalidValue), leaving the error pending.
+STUB void* smla_stub_hip_failing_stream() { return reinterpret_cast<void*>(0xbad0000); }
+STUB int hipModuleLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               void* stream, void**, void**) {
   g_launch_device = g_current;
+  if (stream == smla_stub_hip_failing_stream()) return g_pending = kInvalidValue;
   return kOk;
 }
 STUB int hipFuncSetAttribute(const void*, int, int) { return kOk; }
