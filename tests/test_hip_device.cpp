@@ -114,6 +114,26 @@ TEST(HipDevice, AForkedChildIsToldHipIsNotItsToUse) {
   EXPECT_NO_THROW(be.launch(*k, spec, SmlaParams{}, nullptr));
 }
 
+// A config over the device's LDS is refused at plan time before any module is loaded: loading it first made the
+// refusal destroy a module, whose unload waits for the whole device (hipDeviceSynchronize) inside plan().
+TEST(HipDevice, AConfigOverTheLdsLimitLoadsNothing) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  KernelSpec spec = make_spec("dq", "smla_dq", {}, grid_xy(1), 256);
+  spec.smem_bytes = 65537;  // the stub's devices allow 65536
+  const int loads = stub("smla_stub_hip_loads"), syncs = stub("smla_stub_hip_devsync_device");
+  try {
+    be.load(spec, {0}, 0);
+    ADD_FAILURE() << "a config over the LDS limit was loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+    EXPECT_NE(e.message().find("65537 bytes of LDS"), std::string::npos) << e.message();
+  }
+  EXPECT_EQ(stub("smla_stub_hip_loads"), loads) << "a module was loaded for a config refused anyway";
+  EXPECT_EQ(stub("smla_stub_hip_devsync_device"), syncs);
+}
+
 // A failed launch leaves no error pending on the thread: on ROCm >= 7 a pending error fails the next rocPRIM sort of a
 // corrected run, and the host framework's next launch check (load() already cleared it after its own failures).
 TEST(HipDevice, AFailedLaunchLeavesNoErrorPending) {

@@ -166,6 +166,15 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
                   "rocprim::radix_sort_pairs");
     return std::make_shared<RocprimKernel>(api, device, sort);
   }
+  // AMD needs no opt-in for dynamic LDS up to the device limit; check the limit here, before a
+  // module is loaded for nothing (its unload waits for the device), so that a too large config fails at plan time
+  // with a message instead of at launch.
+  size_t limit = max_shared_memory(device);
+  if (spec.smem_bytes > limit)
+    throw Error(Status::Unsupported,
+                spec.entry + " needs " + std::to_string(spec.smem_bytes) + " bytes of LDS; device " +
+                    std::to_string(device) + " allows " + std::to_string(limit),
+                __FILE__, __LINE__, "hipModuleLaunchKernel");
   auto k = std::make_shared<HipKernel>(api, device);
   try {
     SMLA_HIP_CHECK(api, hipModuleLoadData(&k->module_, binary.data()));
@@ -178,14 +187,6 @@ std::shared_ptr<LoadedKernel> HipBackend::load(const KernelSpec& spec, const std
     api.hipGetLastError();
     throw;
   }
-  // AMD needs no opt-in for dynamic LDS up to the device limit; check the limit here so a too
-  // large config fails at plan time with a message instead of at launch.
-  size_t limit = max_shared_memory(device);
-  if (spec.smem_bytes > limit)
-    throw Error(Status::Unsupported,
-                spec.entry + " needs " + std::to_string(spec.smem_bytes) + " bytes of LDS; device " +
-                    std::to_string(device) + " allows " + std::to_string(limit),
-                __FILE__, __LINE__, "hipModuleLaunchKernel");
   return k;
 }
 

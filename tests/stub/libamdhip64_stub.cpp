@@ -109,10 +109,13 @@ static int device_properties(void* prop, int device) {
 }
 STUB int hipGetDeviceProperties(void* prop, int device) { return device_properties(prop, device); }
 STUB int hipGetDevicePropertiesR0600(void* prop, int device) { return device_properties(prop, device); }
+int g_loads = 0;
+STUB int smla_stub_hip_loads() { return g_loads; }
 STUB int hipModuleLoadData(void** module, const void*) {
   static int modules;
   *module = &modules;
   g_load_device = g_current;
+  ++g_loads;
   return kOk;
 }
 STUB int hipModuleUnload(void*) {
