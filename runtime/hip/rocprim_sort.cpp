@@ -15,6 +15,20 @@ namespace {
 
 constexpr int kAbi = 2;  // must match SMLA_ROCPRIM_ABI in rocprim_sort.hip
 
+// The HIP runtime a just-opened library resolved its own hip* calls to (its dependency libamdhip64), or "".
+std::string hip_runtime_of(void* handle) {
+  void* sym = dlsym(handle, "hipGetLastError");  // searched in the handle's own dependencies, in their order
+  Dl_info info{};
+  if (!sym || !dladdr(sym, &info) || !info.dli_fname) return "";
+  return info.dli_fname;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const fs::path ca = fs::canonical(a, ea), cb = fs::canonical(b, eb);
+  return !ea && !eb ? ca == cb : a == b;
+}
+
 std::vector<std::string> candidates(const std::string& hint) {
   const char* name = "libsmla_rocprim.so";
   std::vector<std::string> c;
@@ -44,10 +58,22 @@ const RocprimSort* RocprimSort::get(std::string* why, const std::string& path_hi
   if (!ok) {
     error.clear();
     for (const auto& path : candidates(path_hint)) {
-      // Its dependency libamdhip64 must resolve; that is the same copy Api::get() opened.
+      // Its dependency libamdhip64 must resolve, to the copy Api::get() opened: one of another soname (a
+      // framework's bundled libamdhip64.so.6 beside the ROCm 5 this library was built with) is a second HIP runtime
+      // in the process, whose sort would be handed the first one's streams and memory.
       void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!h) {
         error += std::string(error.empty() ? "" : "; ") + dlerror();
+        continue;
+      }
+      const Api* api = Api::get();
+      const std::string mine = hip_runtime_of(h);
+      if (api && !mine.empty() && !same_file(mine, api->hip_library)) {
+        error += std::string(error.empty() ? "" : "; ") + path + " uses the HIP runtime " + mine +
+                 ", but smla's HIP runtime is " + api->hip_library +
+                 ": two HIP runtimes in one process share no streams or memory (rebuild libsmla_rocprim.so with the "
+                 "hipcc of that runtime's ROCm: -DSMLA_HIPCC=..., or set SMLA_LIBHIP to " + mine + ")";
+        dlclose(h);
         continue;
       }
       auto abi = reinterpret_cast<int (*)()>(dlsym(h, "smla_rocprim_abi_version"));

@@ -52,6 +52,28 @@ TEST(RocprimSort, LibraryBuiltForEveryProbedTargetAndLoads) {
   }
 }
 
+// In a fresh process whose HIP runtime (SMLA_LIBHIP: the stand-in libamdhip64.so.6, as PyTorch-ROCm bundles one) is not
+// the one libsmla_rocprim.so was linked with (ROCm 5.2's libamdhip64.so.5 here): the sort is refused, naming both,
+// instead of a second HIP runtime in the process being handed the first one's streams and memory.
+TEST(RocprimSort, ALibraryOfAnotherHipRuntimeIsRefused) {
+  const std::string lib = SMLA_ROCPRIM_LIB;
+  if (lib.empty()) GTEST_SKIP() << "libsmla_rocprim.so not built here (no hipcc/rocPRIM at configure)";
+  // (Nothing here may open the HIP runtime before the death test's process does: it re-runs this body.)
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("SMLA_LIBHIP", SMLA_FAKE_HIP_LIB, 1);
+        std::string w;
+        const bool opened = Api::get(&w) != nullptr;
+        const RocprimSort* s = RocprimSort::get(&w, SMLA_ROCPRIM_LIB);
+        std::fprintf(stderr, "opened %d sort %s: %s\n", int(opened), s ? "loaded" : "refused", w.c_str());
+        std::_Exit(opened && !s ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "opened 1 sort refused: .*uses the HIP runtime .*libamdhip64.so.5.*, but smla's HIP runtime is " SMLA_FAKE_HIP_LIB
+      ": two HIP runtimes in one process");
+}
+
 TEST(RocprimSort, ATargetItHasNoCodeForIsRefusedNamingWhatItHasAndHowToRebuild) {
   // Debian's ROCm 5.2 hipcc builds it for gfx90a only: on an MI355X, run() failed with a bare hipError.
   std::string why;
