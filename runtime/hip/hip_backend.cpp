@@ -1,6 +1,7 @@
 // hip_backend.cpp: see hip_backend.hpp.
 #include "hip_backend.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,6 +76,9 @@ namespace {
 // The process that initialised the HIP runtime (0: none). A child it forks inherits a runtime it cannot use (as with
 // CUDA: a DataLoader-style worker of a PyTorch-ROCm job): there the backend is unusable and says why.
 std::atomic<pid_t> g_hip_init_pid{0};
+// Set in a child forked after that (pthread_atfork, as CUDA's driver(): no system call on run()'s path).
+std::atomic<bool> g_hip_forked{false};
+void on_fork_child() { g_hip_forked.store(true, std::memory_order_relaxed); }
 
 std::string forked_why() {
   return "HIP backend unusable: this process was forked from one that had initialised HIP (pid " +
@@ -83,10 +87,7 @@ std::string forked_why() {
 }
 }  // namespace
 
-bool hip_forked_after_init() {
-  const pid_t p = g_hip_init_pid.load(std::memory_order_relaxed);
-  return p != 0 && p != ::getpid();
-}
+bool hip_forked_after_init() { return g_hip_forked.load(std::memory_order_relaxed); }
 
 void require_not_forked(const char* call) {
   if (hip_forked_after_init()) throw Error(Status::NoBackend, forked_why(), __FILE__, __LINE__, call);
@@ -102,7 +103,10 @@ const HipBackend::Probe& HipBackend::probe() {
       return r;
     }
     hipError_t e = api->hipInit(0);
-    if (e == kHipSuccess) g_hip_init_pid.store(::getpid());
+    if (e == kHipSuccess) {
+      g_hip_init_pid.store(::getpid());
+      ::pthread_atfork(nullptr, nullptr, on_fork_child);
+    }
     int n = 0;
     if (e == kHipSuccess) e = api->hipGetDeviceCount(&n);
     if (e != kHipSuccess || n <= 0) {
