@@ -14,6 +14,8 @@
 #include <mutex>
 #include <vector>
 
+#include "../fork_watch.hpp"
+
 namespace smla::cuda {
 
 namespace {
@@ -56,17 +58,15 @@ bool file_exists(const std::string& p) {
 }
 
 std::atomic<bool> g_driver_opened{false};  // driver()'s first call has finished (whatever it found)
-std::atomic<bool> g_forked{false};         // this process was forked from the one that initialised the driver
-pid_t g_init_pid = 0;
-
-void on_fork_child() { g_forked.store(true, std::memory_order_relaxed); }
+struct CudaForkTag;
+using CudaFork = ForkWatch<CudaForkTag>;  // this process was forked from the one that initialised the driver
 
 // The driver as a forked child sees it: the same entry points (error names still work), not usable, and why.
 const Driver& forked_driver(const Driver& d) {
   static const Driver f = [&d] {
     Driver c = d;
     c.ok = false;
-    c.why = "CUDA was initialised in process " + std::to_string(g_init_pid) +
+    c.why = "CUDA was initialised in process " + std::to_string(CudaFork::init_pid()) +
             " before it forked this one, and a forked child cannot use the CUDA driver: start the worker with "
             "spawn/exec (Python multiprocessing's 'spawn' or 'forkserver'), or use CUDA only after the fork";
     return c;
@@ -76,7 +76,7 @@ const Driver& forked_driver(const Driver& d) {
 
 }  // namespace
 
-bool forked_after_init() { return g_forked.load(std::memory_order_relaxed); }
+bool forked_after_init() { return CudaFork::forked(); }
 
 const Driver* driver_if_opened() { return g_driver_opened.load(std::memory_order_acquire) ? &driver() : nullptr; }
 
@@ -125,10 +125,9 @@ const Driver& driver() {
       return;
     }
     d.ok = true;
-    g_init_pid = ::getpid();
-    ::pthread_atfork(nullptr, nullptr, on_fork_child);
+    CudaFork::arm();
   });
-  if (g_forked.load(std::memory_order_relaxed)) return forked_driver(d);
+  if (CudaFork::forked()) return forked_driver(d);
   return d;
 }
 

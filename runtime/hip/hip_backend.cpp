@@ -1,11 +1,9 @@
 // hip_backend.cpp: see hip_backend.hpp.
 #include "hip_backend.hpp"
 
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
-
+#include "../fork_watch.hpp"
 #include "hip_api.hpp"
 #include "kernels_hip.hpp"
 #include "rocprim_sort.hpp"
@@ -75,19 +73,17 @@ HipBackend::HipBackend() = default;
 namespace {
 // The process that initialised the HIP runtime (0: none). A child it forks inherits a runtime it cannot use (as with
 // CUDA: a DataLoader-style worker of a PyTorch-ROCm job): there the backend is unusable and says why.
-std::atomic<pid_t> g_hip_init_pid{0};
-// Set in a child forked after that (pthread_atfork, as CUDA's driver(): no system call on run()'s path).
-std::atomic<bool> g_hip_forked{false};
-void on_fork_child() { g_hip_forked.store(true, std::memory_order_relaxed); }
+struct HipForkTag;
+using HipFork = ForkWatch<HipForkTag>;
 
 std::string forked_why() {
   return "HIP backend unusable: this process was forked from one that had initialised HIP (pid " +
-         std::to_string(g_hip_init_pid.load()) + "), and a forked child cannot use it: start workers with spawn, "
+         std::to_string(HipFork::init_pid()) + "), and a forked child cannot use it: start workers with spawn, "
          "not fork";
 }
 }  // namespace
 
-bool hip_forked_after_init() { return g_hip_forked.load(std::memory_order_relaxed); }
+bool hip_forked_after_init() { return HipFork::forked(); }
 
 void require_not_forked(const char* call) {
   if (hip_forked_after_init()) throw Error(Status::NoBackend, forked_why(), __FILE__, __LINE__, call);
@@ -103,10 +99,7 @@ const HipBackend::Probe& HipBackend::probe() {
       return r;
     }
     hipError_t e = api->hipInit(0);
-    if (e == kHipSuccess) {
-      g_hip_init_pid.store(::getpid());
-      ::pthread_atfork(nullptr, nullptr, on_fork_child);
-    }
+    if (e == kHipSuccess) HipFork::arm();
     int n = 0;
     if (e == kHipSuccess) e = api->hipGetDeviceCount(&n);
     if (e != kHipSuccess || n <= 0) {
