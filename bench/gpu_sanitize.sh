@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # gpu_sanitize.sh (GPU machine): compute-sanitizer over every GPU kernel body, each run checked against float64.
 #
-#   bash bench/gpu_sanitize.sh [CASE ...]      (default: h128 h64 h16 ring; also chunks, radix, seed)
+#   bash bench/gpu_sanitize.sh [CASE ...]      (default: h128 h64 h16; also chunks, radix, seed)
 #
 # Cases (smla-bench --check, one run each, outputs and workspace poisoned by smla-bench):
-#   h128    65,128,300,160: every dq body (1-5) with every dkv_interm body (1-3), fifteen plans
+#   h128    65,128,300,160: every dq body (1-4) with every dkv_interm body (1-3), twelve plans
 #   h64     70,64,300,192 in top-k chunks of 96: dq_impl 3 with dkv_impl 3 and 4 (the fused interm)
 #   h16     50,16,120,64, uniform top-k: the mma.sync bodies of small H
-#   ring, ring2  65,128,700,320, and its top-k in chunks of 160: dq_impl 5's ring of slabs over five tiles (every slot
-#           reused), a ragged last tile
-#   chunks  300,128,1300,512 in token chunks of 100 and top-k chunks of 128: the dq carry, dq_impl 3, 4 and 5
+#   chunks  300,128,1300,512 in token chunks of 100 and top-k chunks of 128: the dq carry, dq_impl 3 and 4
 #   radix   257,64,9000,256, uniform: csr's 14-bit keys (two radix passes), token chunks of 129
 #   seed    4096,128,5120,512 (memcheck only: the other tools are skipped there, and say so)
 # Each case's kernels are compiled first outside the sanitizer (SMLA_CACHE_DIR, default a temporary directory).
@@ -35,18 +33,16 @@ if [ -z "${SMLA_CACHE_DIR:-}" ]; then
 fi
 export SMLA_LOG_LEVEL=${SMLA_LOG_LEVEL:-warn}
 declare -A args=(
-  [h128]="--shape 65,128,300,160 --dq-impl 1,2,3,4,5 --dkv-impl 1,2,3"
+  [h128]="--shape 65,128,300,160 --dq-impl 1,2,3,4 --dkv-impl 1,2,3"
   [h64]="--shape 70,64,300,192 --dq-impl 3 --dkv-impl 3,4 --r-chunk 96"
   [h16]="--shape 50,16,120,64 --uniform"
-  [ring]="--shape 65,128,700,320 --dq-impl 3,5"
-  [ring2]="--shape 65,128,700,320 --r-chunk 160 --dq-impl 5"
-  [chunks]="--shape 300,128,1300,512 --r-chunk 128 --t-chunk 100 --dq-impl 3,4,5"
+  [chunks]="--shape 300,128,1300,512 --r-chunk 128 --t-chunk 100 --dq-impl 3,4"
   [radix]="--shape 257,64,9000,256 --uniform --t-chunk 129"
   [seed]="--shape 4096,128,5120,512")
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(h128 h64 h16 ring ring2)
+[ ${#cases[@]} -gt 0 ] || cases=(h128 h64 h16)
 for c in "${cases[@]}"; do
-  [ -n "${args[$c]:-}" ] || { echo "gpu_sanitize: no case '$c' (h128 h64 h16 ring ring2 chunks radix seed)" >&2; exit 2; }
+  [ -n "${args[$c]:-}" ] || { echo "gpu_sanitize: no case '$c' (h128 h64 h16 chunks radix seed)" >&2; exit 2; }
 done
 "$san" --version | tail -1
 run=("$bench" --backend cuda --repeat 1 --warmup 0 --rounds 1 --check)

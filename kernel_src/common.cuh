@@ -62,13 +62,6 @@ SMLA_HD constexpr unsigned smla_dq_wgmma_smem_bytes(int block_r, bool interm = f
          2u * block_r * 4u + (interm ? smla_dq_interm_extra_bytes(block_r) : 0u) + 1024u;
 }
 
-// ---- dq, sm_90a ring body (dq_impl 5, dq_wgmma_ring.cuh): Q and dO (64 KB each), five kv slabs of 64 rows x 128
-// columns (16 KB each), bf16 P and dS (64 x 64 each), the row flags of two tiles, ten mbarriers, lse and delta of the
-// block's heads, 1 KB of slack.
-SMLA_HD constexpr unsigned smla_dq_ring_smem_bytes() {
-  return 2u * 65536u + 5u * 16384u + 2u * 8192u + 2u * 64u * 4u + 10u * 8u + 2u * 64u * 4u + 1024u;
-}
-
 // ---- dkv_interm: B = [q ; dout] columns of this block [2H][BLOCK_D+pad], two A buffers
 // [ds | pm] rows [BLOCK_R][2H+pad].
 SMLA_HD constexpr unsigned smla_dkv_b_bytes(int h, int block_d) { return 2u * h * (block_d + SMLA_ROW_PAD) * 2u; }

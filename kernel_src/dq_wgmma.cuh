@@ -94,14 +94,8 @@
 #if BLOCK_H != 64
 #error "the wgmma dq body needs BLOCK_H == 64 (wgmma's M)"
 #endif
-#ifndef DQW_RING
-#define DQW_RING 0  // 1 (dq_impl 5): 64-row kv tiles through a ring of slabs (dq_wgmma_ring.cuh)
-#endif
-#if !DQW_RING && BLOCK_R != 32
+#if BLOCK_R != 32
 #error "the wgmma dq body needs BLOCK_R == 32 (two kv buffers next to 128 KB of Q and dO)"
-#endif
-#if DQW_RING && BLOCK_R != 64
-#error "the ring dq body (dq_impl 5) needs BLOCK_R == 64"
 #endif
 #if !DQW_PRODUCER && NUM_WARPS != 8
 #error "the wgmma dq body runs two warpgroups (NUM_WARPS 8)"
@@ -123,12 +117,10 @@
 // Head (0..63 in the block) of a warp's j-th fused-delta row.
 __device__ __forceinline__ int dqw_delta_head(int j) { return (threadIdx.x / 32) * DQW_DELTA_HEADS + j; }
 // The carve below, plus the alignment slack, is what the host asks for (common.cuh).
-#if !DQW_RING
 static_assert(2 * DQW_QBYTES + 2 * DQW_KVBYTES + DQW_PF_BYTES + 2 * DQW_T_ALL + 2 * BLOCK_R * 4 + 2 * BLOCK_R * 4 + 1024 ==
                   smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM),
               "dq_wgmma's shared-memory carve and smla_dq_wgmma_smem_bytes() disagree");
 SMLA_CHECK_SMEM(smla_dq_wgmma_smem_bytes(BLOCK_R, DQW_INTERM));
-#endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma dq body needs sm_90a"
@@ -256,7 +248,7 @@ __device__ __forceinline__ void dqw_load_kv_piece(const SmlaParams& p, int k, un
   const int r0 = threadIdx.x / 64, c = threadIdx.x % 64;
   dqw_copy_piece(p, k, skv, sflag, r0 + 4 * j, c, r0 + 4 * (j & 1));
 }
-static_assert(DQW_RING || (BLOCK_R * 64 / DQW_THREADS == 8 && DQW_THREADS == 256), "dqw_load_kv_piece: 8 pieces, rows r0 + 4 j");
+static_assert(BLOCK_R * 64 / DQW_THREADS == 8 && DQW_THREADS == 256, "dqw_load_kv_piece: 8 pieces, rows r0 + 4 j");
 
 // The whole kv tile: the 8 pieces of every thread (its indices from dqw_read_idx).
 __device__ __forceinline__ void dqw_load_kv(const SmlaParams& p, const int (&k)[8], unsigned skv, int* sflag) {
@@ -398,58 +390,6 @@ __device__ __forceinline__ void dqw_producer_persist(const SmlaParams& p, char* 
 #endif  // DQW_PERSIST
 #endif  // DQW_PRODUCER
 
-// The epilogue of the bodies that are not persistent (dq_impl 2, 3 and 5), after the carry of the chunks before was
-// added: the bf16 dQ at the last chunk, else this chunk's fp32 carry, this warpgroup's half (64 heads x 256 columns,
-// acc in m64n256's fragment order) through `stage`: its own S/dP operand buffer (sQ for warpgroup 0, sDO for 1: neither
-// is read again in this block once the last S/dP wgmma was waited for, and the other warpgroup never reads it),
-// written and read back between the warpgroup's own barrier (named barrier 3 or 4, 128 threads).
-__device__ __forceinline__ void dqw_epilogue_staged(const SmlaParams& p, float (&acc)[128], char* stage, int t, int h0,
-                                                    int wg, int warp, int lane, int hl_a, int hl_b) {
-  auto stage_sync = [wg] {
-    if (wg == 0)
-      smla_named_sync<3, 128>();
-    else
-      smla_named_sync<4, 128>();
-  };
-  if (p.chunk == p.n_chunks - 1) {
-    // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through the staging buffer with stmatrix, then
-    // to global memory in 16-byte pieces, a warp one head's 512 contiguous bytes an instruction. Rows of 512 bytes
-    // (dqw_stage_bf16): stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
-    // lane into 8 rows) held the epilogue at the SM's store path: stored into 8 MB that stay in L2 they cost as
-    // much, and leaving them out saved 0.11-0.17 ms of dq (perf notes v16).
-    const int mb = lane >> 3;                           // stmatrix: block of this lane's address
-    const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // its row (head in the block)
-    dqw_stage_bf16<512>(acc, smla_smem_addr(stage), sr, 0, mb);
-    stage_sync();
-    smla_bf16* dst = p.dq + t * p.dq_st + h0 * p.dq_sh + 256 * wg + 8 * lane;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int r = warp + 4 * k;
-      *reinterpret_cast<uint4*>(dst + r * p.dq_sh) =
-          *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r & 7)) << 4));
-    }
-  } else {
-    // An earlier chunk: the fp32 carry of this warpgroup's half (64 heads x 256 columns, 1 KB a head) through the
-    // same buffer (64 KB: exactly its size), then to dq_acc in 16-byte pieces, a warp half a head's row an
-    // instruction, instead of 8-byte fragment stores into 8 rows a warp instruction. Rows of 1 KB, the 16-byte
-    // piece j of row r at j ^ (r % 8): a warp's fragment stores (8 rows x 32 bytes) take two wavefronts.
-    dqw_each_pair(acc, 0, hl_a, hl_b, wg, lane, [&](int r, int d, float& v0, float& v1) {
-      const int j = (d - 256 * wg) >> 2;  // the 16-byte piece of the row (d is even: v0, v1 share it)
-      *reinterpret_cast<float2*>(stage + r * 1024 + ((j ^ (r & 7)) << 4) + 4 * (d & 3)) = make_float2(v0, v1);
-    });
-    stage_sync();
-    float* dst = p.dq_acc + ((long long)t * HEADS + h0) * SMLA_D + 256 * wg + 4 * lane;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int r = warp + 4 * k;
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-        *reinterpret_cast<uint4*>(dst + r * SMLA_D + 128 * s) =
-            *reinterpret_cast<const uint4*>(stage + r * 1024 + (((lane + 32 * s) ^ (r & 7)) << 4));
-    }
-  }
-}
-
 #if DQW_INTERM
 // The fused interm (dkv_impl 4, H 64: a block holds every head of its token, so a slot's interm row is whole here).
 // P and dS live in two halves of sP / sDS, a tile's 32 slots each (tile % 2); after every second tile's dQ (and after
@@ -538,9 +478,6 @@ __device__ __forceinline__ void dqw_interm_pair(const SmlaParams& p, unsigned aq
 }
 #endif  // DQW_INTERM
 
-#if DQW_RING
-#include "dq_wgmma_ring.cuh"  // dq_impl 5's kernel
-#else
 extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaParams p) {
   extern __shared__ uint4 smem_u4[];
   // 1024-byte alignment of the swizzle atoms (the host asks for 1 KB more than the carve below).
@@ -941,7 +878,9 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
     // (warpgroup 0's dQ in sQ, 1's in sDO): both are done with them first.
     dqw_sync();
 #endif
-    // The staging buffer of this warpgroup's half of dQ: its own S/dP operand buffer (dqw_epilogue_staged).
+    // The staging buffer of this warpgroup's half of dQ: its own S/dP operand buffer (sQ for warpgroup 0, sDO for 1:
+    // neither is read again in this block once the last S/dP wgmma was waited for, and the other warpgroup never reads
+    // it), written and read back between the warpgroup's own barrier (named barrier 3 or 4, 128 threads).
 #if DQW_INTERM
     // (from aq, the shared address of the same buffer: with the fused interm's registers in the loop, ptxas otherwise
     // kept the block's generic shared-memory base in local memory across it, 4 bytes)
@@ -949,7 +888,49 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #else
     char* stage = wg == 0 ? sQ : sDO;
 #endif
-    dqw_epilogue_staged(p, acc, stage, t, h0, wg, warp, lane, hl_a, hl_b);
+    auto stage_sync = [wg] {
+      if (wg == 0)
+        smla_named_sync<3, 128>();
+      else
+        smla_named_sync<4, 128>();
+    };
+    if (p.chunk == p.n_chunks - 1) {
+      // The bf16 dQ half of this warpgroup (64 heads x 256 columns) through the staging buffer with stmatrix, then
+      // to global memory in 16-byte pieces, a warp one head's 512 contiguous bytes an instruction. Rows of 512 bytes
+      // (dqw_stage_bf16): stmatrix's 8 rows and the read-out's 32 pieces fall on distinct banks. Why: the fragment stores (4 bytes a
+      // lane into 8 rows) held the epilogue at the SM's store path: stored into 8 MB that stay in L2 they cost as
+      // much, and leaving them out saved 0.11-0.17 ms of dq (perf notes v16).
+      const int mb = lane >> 3;                           // stmatrix: block of this lane's address
+      const int sr = 16 * warp + 8 * (mb & 1) + (lane & 7);  // its row (head in the block)
+      dqw_stage_bf16<512>(acc, smla_smem_addr(stage), sr, 0, mb);
+      stage_sync();
+      smla_bf16* dst = p.dq + t * p.dq_st + h0 * p.dq_sh + 256 * wg + 8 * lane;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int r = warp + 4 * k;
+        *reinterpret_cast<uint4*>(dst + r * p.dq_sh) =
+            *reinterpret_cast<const uint4*>(stage + r * 512 + ((lane ^ (r & 7)) << 4));
+      }
+    } else {
+      // An earlier chunk: the fp32 carry of this warpgroup's half (64 heads x 256 columns, 1 KB a head) through the
+      // same buffer (64 KB: exactly its size), then to dq_acc in 16-byte pieces, a warp half a head's row an
+      // instruction, instead of 8-byte fragment stores into 8 rows a warp instruction. Rows of 1 KB, the 16-byte
+      // piece j of row r at j ^ (r % 8): a warp's fragment stores (8 rows x 32 bytes) take two wavefronts.
+      dqw_each_pair(acc, 0, hl_a, hl_b, wg, lane, [&](int r, int d, float& v0, float& v1) {
+        const int j = (d - 256 * wg) >> 2;  // the 16-byte piece of the row (d is even: v0, v1 share it)
+        *reinterpret_cast<float2*>(stage + r * 1024 + ((j ^ (r & 7)) << 4) + 4 * (d & 3)) = make_float2(v0, v1);
+      });
+      stage_sync();
+      float* dst = p.dq_acc + ((long long)t * HEADS + h0) * SMLA_D + 256 * wg + 4 * lane;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int r = warp + 4 * k;
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+          *reinterpret_cast<uint4*>(dst + r * SMLA_D + 128 * s) =
+              *reinterpret_cast<const uint4*>(stage + r * 1024 + (((lane + 32 * s) ^ (r & 7)) << 4));
+      }
+    }
 #else
     if (defer_last && n_tiles > 0) {
       // The bf16 dQ (64 heads x 512 columns, 64 KB) through the last tile's kv buffer X (32 KB: Q and dO may already
@@ -987,4 +968,3 @@ extern "C" __global__ void __launch_bounds__(DQW_BLOCK_THREADS, 1) smla_dq(SmlaP
 #endif
   }  // the block (the persistent body: the blocks of this CTA)
 }
-#endif  // DQW_RING

@@ -247,10 +247,9 @@ TEST(NvrtcOffline, DqBodyFollowsTheTargetAndTheShape) {
 }
 
 // The wgmma dq bodies: dq_impl 3 (a producer warpgroup; the planner's choice on sm_90a, so also compiled by the sweep
-// above), dq_impl 2 (two warpgroups; asked for only), dq_impl 4 (3 made persistent; the planner's where the top-k
-// is one chunk of 256 slots or fewer) and dq_impl 5 (3 with 64-row kv tiles through a ring; asked for only). Three or
-// two warpgroups, the producer, persistent and ring defines, the grid (one dimension of blocks of work for dq_impl 4),
-// the tile and shared memory (5's own); all compile for sm_90a with no local
+// above), dq_impl 2 (two warpgroups; asked for only) and dq_impl 4 (3 made persistent; the planner's where the top-k
+// is one chunk of 256 slots or fewer). Three or two warpgroups, the producer and persistent defines, the grid (one
+// dimension of blocks of work for dq_impl 4), the same tile and shared memory; all compile for sm_90a with no local
 // memory and no serialized wgmma (setmaxnreg lets the producer bodies' consumers exceed the 168 registers of a
 // 384-thread launch); asking for one where it cannot run is a clear error.
 TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
@@ -262,7 +261,7 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   TileConfig c;
   std::vector<KernelSpec> specs;
   c.dkv_impl = 3;  // (at H 64 the planner would fuse dkv into dq_impl 3: FusedDkvIsPlannedIntoDqAndCompiles)
-  for (int impl : {2, 3, 4, 5})
+  for (int impl : {2, 3, 4})
     for (int64_t H : {64, 128}) {
       c.dq_impl = impl;
       p.H = H;
@@ -272,21 +271,18 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
       EXPECT_TRUE(has_define(k, "DQ_WGMMA", 1));
       EXPECT_EQ(has_define(k, "DQW_PRODUCER", 1), producer);
       EXPECT_EQ(has_define(k, "DQW_PERSIST", 1), impl == 4);
-      EXPECT_EQ(has_define(k, "DQW_RING", 1), impl == 5);
-      EXPECT_EQ(define_of(k, "BLOCK_R"), impl == 5 ? 64 : 32);
       EXPECT_EQ(define_of(k, "NUM_WARPS"), producer ? 12 : 8);
       EXPECT_EQ(k.block.x, producer ? 384u : 256u);
       // dq_impl 4 counts its T * H / 64 blocks of work in one dimension; the backend launches at most one an SM.
       EXPECT_EQ(k.persistent, impl == 4);
       EXPECT_EQ(k.grid.x, impl == 4 ? unsigned(4096 * H / 64) : 4096u);
       EXPECT_EQ(k.grid.y, impl == 4 ? 1u : unsigned(H / 64));
-      EXPECT_EQ(k.smem_bytes, impl == 5 ? smla_dq_ring_smem_bytes() : smla_dq_wgmma_smem_bytes(32));
-      EXPECT_LE(k.smem_bytes, 227u * 1024u);
+      EXPECT_EQ(k.smem_bytes, smla_dq_wgmma_smem_bytes(32));
       EXPECT_EQ(k.launch_regs, producer ? 168 : 0);  // 65536 / 384, down to a multiple of 8: setmaxnreg's pool
       EXPECT_TRUE(cuda_phase_kernels(Phase::Delta, s).empty()) << "the wgmma bodies fuse delta";
       specs.push_back(k);
     }
-  EXPECT_EQ(compile_all("sm_90a", specs), 8);  // every one had its ptxas report checked
+  EXPECT_EQ(compile_all("sm_90a", specs), 6);  // every one had its ptxas report checked
   c.dq_impl = 3;
   std::string why;
   p.H = 128;
@@ -300,15 +296,8 @@ TEST(NvrtcOffline, BothWgmmaDqBodiesArePlannableAndCompile) {
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_80"), &why));
   EXPECT_NE(why.find("dq_impl = 4 (wgmma) needs an sm_90a target"), std::string::npos) << why;
   c.dq_impl = 5;
-  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_80"), &why));
-  EXPECT_NE(why.find("dq_impl = 5 (wgmma) needs an sm_90a target"), std::string::npos) << why;
-  c.dq_block_r = 32;  // its one tile is 64 x 64
   EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), &why));
-  EXPECT_NE(why.find("has one tile, 64 x 64 (asked 64x32)"), std::string::npos) << why;
-  c.dq_block_r = 0;
-  c.dq_impl = 6;
-  EXPECT_FALSE(cuda_shape_supported(shape_with_config(p, &c, budget, "sm_90a"), &why));
-  EXPECT_NE(why.find("dq_impl = 6 must be"), std::string::npos) << why;
+  EXPECT_NE(why.find("dq_impl = 5 must be"), std::string::npos) << why;
 }
 
 // The two wgmma dkv_interm bodies: dkv_impl 2 (two warpgroups sharing each 64-row tile, the planner's choice) and

@@ -187,7 +187,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   entries[tuning_key("sm_90a", type_p, "v1")]["config"]["dkv_impl"] = "2";
   entries[tuning_key("sm_90a", dq_range_p, "v1")] = entries[tuning_key("sm_90a", type_p, "v1")];
   entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dkv_impl"] = 2;
-  entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dq_impl"] = TileConfig::kMaxDqImpl + 1;
+  entries[tuning_key("sm_90a", dq_range_p, "v1")]["config"]["dq_impl"] = 5;
   std::ofstream(path, std::ios::trunc) << doc.dump();
   TuningDb db(path, "v1");
   auto old_c = db.lookup("sm_90a", old_p);
@@ -197,7 +197,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
   EXPECT_EQ(old_c->dq_block_h, 64);
   EXPECT_FALSE(db.lookup("sm_90a", range_p)) << "dkv_impl = 5 was accepted";
   EXPECT_FALSE(db.lookup("sm_90a", type_p)) << "dkv_impl = \"2\" was accepted";
-  EXPECT_FALSE(db.lookup("sm_90a", dq_range_p)) << "dq_impl = " << TileConfig::kMaxDqImpl + 1 << " was accepted";
+  EXPECT_FALSE(db.lookup("sm_90a", dq_range_p)) << "dq_impl = 5 was accepted";
   const auto w = db.warnings();
   ASSERT_EQ(w.size(), 3u);
   for (const auto& m : w) EXPECT_NE(m.find("malformed entry"), std::string::npos) << m;

@@ -411,8 +411,7 @@ int main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   app.add_option("--dq-impl", o.dq_impls,
                  "dq bodies to plan and time on the same tensors, comma-separated: 0 the planner's choice, 1 mma.sync, "
-                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent, 5 3 with 64-row kv tiles (the planner's on "
-                 "sm_90a: at H 128, 4 "
+                 "2 wgmma, 3 wgmma with a producer warpgroup, 4 the same persistent (the planner's on sm_90a: at H 128, 4 "
                  "at one top-k chunk of 256 slots or fewer, else 3; at H 64, 3; at H 16 and 32, 1) (several: timed in "
                  "alternating rounds, each with its ratio to the first); the GPU's: on the CPU backend only 0")
       ->delimiter(',')

@@ -80,8 +80,7 @@ smla::TileConfig resolve(const smla::Problem& p, const smla::TileConfig& cfg, si
     r.dkv_block_d = int(define_of(dkvs.front(), "BLOCK_D"));
   }
   r.r_chunk = s.r_chunk;
-  r.dq_impl = define_of(dq, "DQW_RING")       ? 5
-              : define_of(dq, "DQW_PERSIST")  ? 4
+  r.dq_impl = define_of(dq, "DQW_PERSIST")    ? 4
               : define_of(dq, "DQW_PRODUCER") ? 3
               : define_of(dq, "DQ_WGMMA")     ? 2
                                               : 1;
@@ -112,9 +111,9 @@ std::vector<Candidate> candidates(const smla::Problem& p, size_t budget, const s
   for (int64_t rc = p.topk / 16 * 16; rc >= 16; rc -= 16) {
     if (p.topk % rc) continue;
     if (p.r_chunk && rc != p.r_chunk) continue;  // the caller fixed r_chunk
-    for (int impl : {3, 5, 4, 2, 1})  // dq body: wgmma with a producer, the same with 64-row kv tiles (its one tile,
-                                      // 64 x 64), the same persistent (faster than 3 only at small top-k: perf notes
-                                      // v15), wgmma without a producer (sm_90a only; one tile, 64 x 32), mma.sync
+    for (int impl : {3, 4, 2, 1})  // dq body: wgmma with a producer, the same persistent (faster than 3 only at small
+                                   // top-k: perf notes v15), wgmma without a producer (sm_90a only; one tile, 64 x 32),
+                                   // mma.sync
       for (int dimpl : {4, 3, 2, 1})  // dkv body: fused into dq (sm_90a, H 64, dq_impl 3; no dkv tile), wgmma with
                                         // and without a producer (sm_90a, H % 32 == 0; only their 64 x 256 tile
                                         // passes), mma.sync

@@ -193,9 +193,7 @@ struct TileConfig {
   /// 4 = 3 made persistent (one block an SM takes the (token, 64 heads) blocks in turn, the next block's Q and dO
   /// copied while this one finishes, its empty tiles skipped as 3 does; same constraints; the planner's choice on
   /// sm_90a at H 128 where the top-k is one chunk of 256 slots or fewer: measured 7% faster end to end than 3 at
-  /// TOPK 160 and 6% at 256 on the H200, even or slower from 320 up, outputs bitwise 3's (perf notes v28)),
-  /// 5 = 3 with 64-row kv tiles (S and dP as m64n64 with the kv tile as A; the kv rows through a ring of five 128-column
-  /// slabs; same constraints; asked for only).
+  /// TOPK 160 and 6% at 256 on the H200, even or slower from 320 up, outputs bitwise 3's (perf notes v28)).
   int dq_impl = 0;
   /// dkv_interm body on CUDA: 0 = the planner's choice, 1 = mma.sync (any sm_80+), 2 = warpgroup MMA
   /// (sm_90a, H % 32 == 0, its one tile dkv 64 x 256), 3 = warpgroup MMA with a producer warpgroup issuing the copies
@@ -207,7 +205,7 @@ struct TileConfig {
   /// both at 4096,64,5120,160 (perf notes v29, v30); outputs bitwise dkv_impl 3's.
   int dkv_impl = 0;
   /// The largest dq_impl and dkv_impl (the bodies above): what the planner, the tuning database and the tools accept.
-  static constexpr int kMaxDqImpl = 5, kMaxDkvImpl = 4;
+  static constexpr int kMaxDqImpl = 4, kMaxDkvImpl = 4;
   bool operator==(const TileConfig& o) const {
     return dq_block_h == o.dq_block_h && dq_block_r == o.dq_block_r && dkv_block_r == o.dkv_block_r &&
            dkv_block_d == o.dkv_block_d && r_chunk == o.r_chunk && dq_impl == o.dq_impl && dkv_impl == o.dkv_impl;

@@ -28,8 +28,7 @@ constexpr long long kCsrMaxItems = ((1ll << 28) - 1) / kCsrOsTile * kCsrOsTile; 
 
 // The matrix kernels' tiles after applying the backend defaults (0 in ShapeInfo).
 struct Tiles {
-  int dq_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup (the default on sm_90a), 4 its persistent
-                // form, 5 its 64-row kv tiles through a ring of slabs
+  int dq_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup (the default on sm_90a)
   int dq_block_h, dq_block_r, dq_warps;
   int dkv_impl;  // 1 mma.sync, 2 wgmma, 3 wgmma with a producer warpgroup
   int dkv_block_r, dkv_block_d, dkv_warps, dkv_warps_m;
@@ -45,11 +44,9 @@ int default_dq_block_h(int H) {
 
 // The wgmma body's only tile: 64 heads (wgmma's M) x 32 kv rows, two warpgroups (three with the producer of
 // dq_impl 3 and 4, dq_wgmma.cuh's DQW_PRODUCER; dq_impl 4 is its persistent form, DQW_PERSIST).
-// dq_impl 5 (dq_wgmma_ring.cuh's DQW_RING) is dq_impl 3 with 64-row kv tiles.
-constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8, kWgmmaProducerWarps = 12, kRingBlockR = 64;
-bool is_wgmma_dq(int dq_impl) { return dq_impl >= 2 && dq_impl <= 5; }
-bool is_producer_dq(int dq_impl) { return dq_impl >= 3 && dq_impl <= 5; }
-int wgmma_block_r(int dq_impl) { return dq_impl == 5 ? kRingBlockR : kWgmmaBlockR; }
+constexpr int kWgmmaBlockH = 64, kWgmmaBlockR = 32, kWgmmaWarps = 8, kWgmmaProducerWarps = 12;
+bool is_wgmma_dq(int dq_impl) { return dq_impl >= 2 && dq_impl <= 4; }
+bool is_producer_dq(int dq_impl) { return dq_impl == 3 || dq_impl == 4; }
 
 // The dkv_interm wgmma body's only tile: 64 slot rows (wgmma's M) x 256 columns, two warpgroups;
 // its K = 2H must be a multiple of 64 (H % 32 == 0).
@@ -101,7 +98,7 @@ Tiles tiles_of(const ShapeInfo& s) {
               : persist_dq && !fused_dkv ? 4
                                          : 3;
   t.dq_block_h = s.dq_block_h ? s.dq_block_h : is_wgmma_dq(t.dq_impl) ? kWgmmaBlockH : default_dq_block_h(s.H);
-  t.dq_block_r = s.dq_block_r ? s.dq_block_r : is_wgmma_dq(t.dq_impl) ? wgmma_block_r(t.dq_impl) : 32;
+  t.dq_block_r = s.dq_block_r ? s.dq_block_r : 32;
   // mma.sync on a target with less shared memory than Hopper (an A100's 163 KB): fewer heads a block, while they
   // divide H, until the tile fits (cuda_shape_supported refuses what still does not).
   if (!s.dq_block_h && !is_wgmma_dq(t.dq_impl))
@@ -139,7 +136,6 @@ Tiles tiles_of(const ShapeInfo& s) {
 }
 
 unsigned dq_smem_of(const Tiles& t) {
-  if (t.dq_impl == 5) return smla_dq_ring_smem_bytes();
   return is_wgmma_dq(t.dq_impl) ? smla_dq_wgmma_smem_bytes(t.dq_block_r, is_fused_dkv(t.dkv_impl))
                                 : dq_smem_bytes(t.dq_block_h, t.dq_block_r);
 }
@@ -170,15 +166,13 @@ bool cuda_shape_supported(const ShapeInfo& s, std::string* why) {
     e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32 in [32, " << kMaxDqBlockR << "]; ";
   if (t.dq_impl < 1 || t.dq_impl > TileConfig::kMaxDqImpl)
     e << "dq_impl = " << t.dq_impl
-      << " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup), 4 (3, persistent) or 5 (3, "
-         "64-row kv tiles); ";
+      << " must be 0 (default), 1 (mma.sync), 2 (wgmma), 3 (wgmma, producer warpgroup) or 4 (3, persistent); ";
   if (is_wgmma_dq(t.dq_impl)) {
     const std::string what = "dq_impl = " + std::to_string(t.dq_impl) + " (wgmma)";
     if (!s.sm90a) e << what << " needs an sm_90a target; ";
     if (s.H % kWgmmaBlockH != 0) e << what << " needs H a multiple of 64 (H = " << s.H << "); ";
-    if (t.dq_block_h != kWgmmaBlockH || t.dq_block_r != wgmma_block_r(t.dq_impl))
-      e << what << " has one tile, 64 x " << wgmma_block_r(t.dq_impl) << " (asked " << t.dq_block_h << "x"
-        << t.dq_block_r << "); ";
+    if (t.dq_block_h != kWgmmaBlockH || t.dq_block_r != kWgmmaBlockR)
+      e << what << " has one tile, 64 x 32 (asked " << t.dq_block_h << "x" << t.dq_block_r << "); ";
   }
   const unsigned limit = smem_limit_of(s);
   const std::string on_target = s.smem_limit ? " on this target" : "";
@@ -247,7 +241,6 @@ std::vector<KernelSpec> cuda_phase_kernels(Phase phase, const ShapeInfo& s) {
       if (is_wgmma_dq(t.dq_impl)) d.emplace_back("DQ_WGMMA", 1);
       if (is_producer_dq(t.dq_impl)) d.emplace_back("DQW_PRODUCER", 1);
       if (t.dq_impl == 4) d.emplace_back("DQW_PERSIST", 1);
-      if (t.dq_impl == 5) d.emplace_back("DQW_RING", 1);
       if (is_fused_dkv(t.dkv_impl)) d.emplace_back("DQW_INTERM", 1);
       d.emplace_back("SMLA_SMEM_BYTES", dq_smem_of(t));  // checked against the source's carve (common.cuh)
       // dq_impl 4: one dimension of T * H / 64 blocks of work, launched as at most one block an SM.
