@@ -149,6 +149,11 @@ std::optional<CompileResult> compile_in_worker(const RenderedSource& src, const 
                 "smla-hiprtc-worker (" + exe + ") could not compile " + src.name + " for " + target + ": " +
                     r[0].error + (r[0].result.log.empty() ? "" : ": " + r[0].result.log),
                 __FILE__, __LINE__, "hiprtcCompileProgram");
+  if (r[0].exit_status == 7)  // compiled, its result not written: no dump
+    throw Error(Status::CompileError,
+                "smla-hiprtc-worker (" + exe + ") compiled " + src.name + " for " + target +
+                    " but could not hand back its result: " + r[0].error,
+                __FILE__, __LINE__, "hiprtcCompileProgram");
   if (r[0].exit_status == 3 || r[0].exit_status == 5)  // the source is not at fault: no dump
     throw Error(Status::CompileError,
                 "smla-hiprtc-worker (" + exe + ") did not compile " + src.name + " for " + target + ": " +

@@ -3,9 +3,10 @@
 //   smla-hiprtc-worker [--status <status-out>] [--parent <pid>] <request> <code-object-out> <log-out>
 //
 // The request is written by detail::write_request. Exit status: 0 compiled, 2 compile error
-// (log written: hipRTC refused the source or the target), 3 bad usage or I/O, 4 hipRTC unavailable, 5 its parent is
-// gone, 6 hipRTC or this process failed outside the compile itself (creating the program, copying the code out, out
-// of memory: log written), which says nothing of the source or the target. A hipRTC abort
+// (log written: hipRTC refused the source or the target), 3 bad usage or an unreadable request (another smla
+// version's), 4 hipRTC unavailable, 5 its parent is gone, 6 hipRTC or this process failed outside the compile itself
+// (creating the program, copying the code out, out of memory: log written), 7 compiled but its code object or log
+// could not be written (a full or unwritable temporary directory); 6 and 7 say nothing of the source or the target. A hipRTC abort
 // (unknown target, LLVM selection error) kills only this process; the parent reports the signal.
 // The worker dies with its parent (PR_SET_PDEATHSIG: SIGKILL): an interrupted parent leaves no
 // compile running. With --parent, it first checks that its parent is still that process (it may
@@ -81,7 +82,12 @@ int compile(const Args& a) {
     co.write(reinterpret_cast<const char*>(r.binary.data()), static_cast<std::streamsize>(r.binary.size()));
     co.close();
     log.close();
-    return co && log ? 0 : 3;
+    if (!co || !log) {
+      std::cerr << "smla-hiprtc-worker: compiled, but cannot write " << (!co ? a.code_object : a.log)
+                << " (is its directory full or unwritable?)\n";
+      return 7;
+    }
+    return 0;
   } catch (const smla::Error& e) {
     log << e.message();
     log.close();

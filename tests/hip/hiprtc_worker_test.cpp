@@ -128,6 +128,36 @@ TEST(HipRtcWorker, AFailureOutsideTheCompileIsNotTheSources) {
   }
 }
 
+// A worker that compiled but could not write its code object (a full or unwritable temporary directory) exits 7, not
+// exit 3's "bad usage" (whose message asked whether it was another smla version's); the parent says so, with no
+// source dumped (the source is not at fault).
+TEST(HipRtcWorker, AResultItCannotWriteIsNamedAsSuch) {
+  SMLA_REQUIRE_HIPRTC();
+  TempDir dir("smla-test");
+  const std::string base = dir.path() + "/x";
+  detail::write_request(base + ".req", test::mfma_source("smla_nowrite"), "gfx90a", HipRtcCompiler().options("gfx90a"));
+  auto st = run_children({{SMLA_HIPRTC_WORKER_PATH, "--parent", std::to_string(getpid()), base + ".req",
+                           dir.path() + "/missing/x.co", base + ".log"}},
+                         1, {base + ".out"}, 120);
+  ASSERT_TRUE(st[0].exited) << st[0].describe();
+  EXPECT_EQ(st[0].code, 7) << test::read_text(base + ".log") << test::read_text(base + ".out");
+  EXPECT_NE(test::read_text(base + ".out").find("cannot write " + dir.path() + "/missing/x.co"), std::string::npos)
+      << test::read_text(base + ".out");
+  const std::string full = test::probe_passing_worker(
+      dir.path(), "full", "echo 'smla-hiprtc-worker: compiled, but cannot write /tmp/x.co (fake)' >&2\nexit 7");
+  try {
+    HipRtcCompiler(true, full).compile(test::mfma_source("smla_full"), "gfx90a");
+    ADD_FAILURE() << "a worker that exited 7 compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::CompileError);
+    EXPECT_NE(e.message().find("compiled smla_full.hip for gfx90a but could not hand back its result"), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("cannot write /tmp/x.co (fake)"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("another smla version"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("source dumped"), std::string::npos) << e.message();
+  }
+}
+
 // Workers open the HIP runtime this process uses (one a framework already loaded included), unless the user named one.
 TEST(HipRtcWorker, WorkersAreToldWhichHipRuntimeThisProcessUses) {
   SMLA_REQUIRE_HIPRTC();
