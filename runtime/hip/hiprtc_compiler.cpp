@@ -302,7 +302,8 @@ ProbeVerdict probe_verdict(const HipWorkerResult& r) {
     default:
       break;
   }
-  // Anything else says nothing about the target: the worker could not try (3, 4), was killed
+  // Anything else says nothing about the target: the worker could not try (3, 4), failed outside the compile (6) or
+  // could not hand back its result (7), was killed
   // (SIGKILL by the OOM killer, SIGTERM, SIGINT), its exit status was lost, it could not start.
   return ProbeVerdict::NoVerdict;
 }
