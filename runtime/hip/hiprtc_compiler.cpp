@@ -59,14 +59,21 @@ ProbeCache& probes() {
   return c;
 }
 
+// Said in the warning of an in-process compile: there comgr's own cache follows the caller's environment (smla sets
+// nothing in it), where the worker's is off.
+std::string comgr_cache_note() {
+  if (std::getenv("AMD_COMGR_CACHE")) return "";
+  return "; comgr's own on-disk cache (ROCm >= 7) is then on unless AMD_COMGR_CACHE=0 is in this process's environment "
+         "(smla does not set it here: setenv is not safe beside other threads)";
+}
+
 CompileResult compile_locked(const Api& api, const RenderedSource& src, const std::string& target,
                              const std::vector<std::string>& opts) {
   // comgr (ROCm >= 7) keeps its own on-disk cache by default, beside ours: redundant, and it crashed with SIGBUS on
-  // NFS under contention (CACHE-LESSONS.md). The worker's environment turns it off (hip_subprocess.cpp); a compile in
-  // this process (no worker, or one without hipRTC, or the identity probe) turns it off here, once, unless the user
-  // set it. Older comgr ignores the variable.
-  static std::once_flag comgr_cache_off;
-  std::call_once(comgr_cache_off, [] { ::setenv("AMD_COMGR_CACHE", "0", /*overwrite=*/0); });
+  // NFS under contention (CACHE-LESSONS.md). The worker's environment turns it off (hip_subprocess.cpp). A compile in
+  // this process (no worker, or one without hipRTC) leaves the caller's environment alone: a library's setenv races
+  // every other thread's getenv (glibc may move environ under it), so comgr's cache there follows AMD_COMGR_CACHE as
+  // the caller set it, and the warning of an in-process compile says so (comgr_cache_note).
   auto t0 = std::chrono::steady_clock::now();
   std::vector<const char*> hdr_text, hdr_name;
   for (const auto& h : src.headers) {
@@ -141,7 +148,8 @@ std::optional<CompileResult> compile_in_worker(const RenderedSource& src, const 
     throw Error(Status::CompileError, r[0].result.log, __FILE__, __LINE__, "hiprtcCompileProgram");
   if (r[0].exit_status == 4) {
     detail::warn_once("smla-hiprtc-worker (" + exe + ") cannot open hipRTC (" + r[0].error +
-                      "): hipRTC compiles in this process, where a compiler crash ends the process");
+                      "): hipRTC compiles in this process, where a compiler crash ends the process" +
+                      comgr_cache_note());
     return std::nullopt;
   }
   if (r[0].exit_status == 6)  // hipRTC failed outside the compile (or the worker ran out of memory): no dump
@@ -519,7 +527,7 @@ CompileResult HipRtcCompiler::compile_here(const Api& api, const RenderedSource&
     detail::warn_once(
         "smla-hiprtc-worker not found (set SMLA_HIPRTC_WORKER to it, or install it next to the executable or "
         "libsmla): hipRTC compiles in this process, where a compiler crash (ROCm's LLVM aborts on some errors) "
-        "ends the process");
+        "ends the process" + comgr_cache_note());
   std::lock_guard<std::mutex> lk(compile_mutex());
   return compile_locked(api, src, target, options(target));
 }

@@ -214,6 +214,21 @@ TEST(HipRtcCompiler, WithoutAWorkerRefusesWhatThisRocmCannotCompileAndCompilesTh
   }
 }
 
+// Without a worker hipRTC runs in this process: smla must not write the caller's environment there (setenv races every
+// other thread's getenv). The old code set AMD_COMGR_CACHE=0 at the first in-process compile or identity probe.
+TEST(HipRtcCompiler, AnInProcessCompileLeavesTheEnvironmentAlone) {
+  SMLA_REQUIRE_HIPRTC();
+  ASSERT_EQ(::unsetenv("AMD_COMGR_CACHE"), 0);
+  HipRtcCompiler here(true, "/nonexistent/smla-hiprtc-worker");
+  detail::forget_identity();  // its probe compiles here too, without a worker
+  EXPECT_NE(here.identity().find("clang="), std::string::npos);
+  EXPECT_EQ(std::getenv("AMD_COMGR_CACHE"), nullptr) << "the identity's in-process probe set it";
+  const ElfInfo elf = read_elf(here.compile(test::mfma_source("smla_test_env"), "gfx90a").binary);
+  EXPECT_TRUE(elf.valid) << elf.error;
+  EXPECT_EQ(std::getenv("AMD_COMGR_CACHE"), nullptr) << "the in-process compile set it";
+  detail::forget_identity();
+}
+
 // A worker that cannot open hipRTC (exit 4: the runtime is reachable only from the parent) gives the probe no verdict,
 // and the compile falls back to this process: there the same guard as without a worker must hold (ROCm 5.2's hipRTC
 // killed this process on gfx950), not an in-process compile of a target this ROCm is too old for.
