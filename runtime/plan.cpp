@@ -47,7 +47,9 @@ void check_ptr(const Backend& be, int device, const void* ptr, const char* name,
     arg_error(name, "host memory readable by this process for the cpu backend (device memory?)",
               Status::InvalidArgument, file, line);
   if (!cpu && k == PointerKind::Host)
-    arg_error(name, "device memory for the " + be.name() + " backend (got a host pointer)", Status::InvalidArgument,
+    arg_error(name, "device memory for the " + be.name() +
+                        " backend (got memory the runtime does not know as device memory: a host pointer, or an "
+                        "allocation already freed)", Status::InvalidArgument,
               file, line);
   if (!cpu && k == PointerKind::Device && where.other_device >= 0)
     arg_error(name,

@@ -183,6 +183,17 @@ TEST(Api, HostPointersAreRejectedByTheCudaBackend) {
   expect_bad_run(BackendKind::Cuda, [](Tensors& t, size_t&) { t.q = host_q.data(); }, "host pointer");
 }
 
+// A freed device allocation is memory the driver no longer knows: refused as such, the message naming a freed
+// allocation beside a host pointer (it said only "got a host pointer", which sent a use-after-free hunting elsewhere).
+TEST(ApiCuda, AFreedDeviceAllocationIsRefusedNamingIt) {
+  if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << ")";
+  // Allocated and freed after the case's own buffers, so that none of them takes its address again.
+  expect_bad_run(BackendKind::Cuda, [](Tensors& t, size_t&) {
+    cuda::DeviceBuffer gone(size_t(kSmall.T) * kSmall.H * 512 * 2);
+    t.q = gone.get();
+  }, "an allocation already freed");
+}
+
 TEST(Api, UnusableBackendIsAClearError) {
   Problem p = make_problem(BackendKind::Hip, kSmall);
   try {

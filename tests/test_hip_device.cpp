@@ -168,6 +168,30 @@ TEST(HipDevice, AnotherDevicesMemoryIsToldApart) {
   EXPECT_EQ(be.pointer_info(&host, 1).kind, PointerKind::Host);
 }
 
+// Only hipErrorInvalidValue means memory the runtime does not know (ROCm 5's host memory); another error of
+// hipPointerGetAttributes is the runtime's, said as such (it was taken for host memory, and run() then refused a device
+// pointer as "a host pointer"), and leaves nothing pending on the thread.
+TEST(HipDevice, APointerQueryThatFailsIsNotTakenForHostMemory) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr) << "the stub HIP runtime is not the one loaded";
+  auto broken = reinterpret_cast<void* (*)()>(dlsym(h, "smla_stub_hip_broken_pointer"));
+  ASSERT_NE(broken, nullptr);
+  try {
+    const PointerInfo got = be.pointer_info(broken(), 0);
+    ADD_FAILURE() << "a failed hipPointerGetAttributes gave kind " << int(got.kind);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::DriverError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hipPointerGetAttributes failed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the failed query's error is still pending on this thread";
+  int host = 0;
+  EXPECT_EQ(be.pointer_info(&host, 0).kind, PointerKind::Host) << "hipErrorInvalidValue: memory HIP does not know";
+  dlclose(h);
+}
+
 // After a failed launch, run() asks the backend whether the caller's stream is another device's (hipStreamGetDevice,
 // which ROCm 5.2 lacks: there the answer is empty and the driver's error stands).
 TEST(HipDevice, AnotherDevicesStreamIsNamed) {

@@ -26,6 +26,7 @@ using hipStream_t = ihipStream_t*;
 using hiprtcProgram = hiprtcProgramOpaque*;
 
 constexpr hipError_t kHipSuccess = 0;
+constexpr hipError_t kHipErrorInvalidValue = 1;
 constexpr hipError_t kHipErrorNoDevice = 100;
 constexpr hiprtcResult kHiprtcSuccess = 0;
 constexpr hiprtcResult kHiprtcErrorCompilation = 6;

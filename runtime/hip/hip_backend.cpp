@@ -272,11 +272,15 @@ PointerInfo HipBackend::pointer_info(const void* ptr, int device) const {
   if (!api || !ptr || !usable(nullptr)) return {PointerKind::Unknown};
   PointerAttributes a{};
   hipError_t e = api->hipPointerGetAttributes(&a, ptr);
-  if (e != kHipSuccess) {
-    // ROCm 5 reports plain (unregistered) host memory as an error; clear it, it is no failure.
-    api->hipGetLastError();
-    return {PointerKind::Host};
-  }
+  if (e != kHipSuccess) api->hipGetLastError();  // leave nothing pending on the caller's thread
+  // ROCm 5 reports memory it does not know (plain host memory, or an allocation already freed) as an invalid value;
+  // ROCm 6 gives it the type Unregistered. Either is no failure, and is not device memory.
+  if (e == kHipErrorInvalidValue) return {PointerKind::Host};
+  // Any other error is the runtime's (not initialised, torn down, out of memory): said as such, not taken for host
+  // memory (run() then refused a device pointer as "a host pointer").
+  if (e != kHipSuccess)
+    throw Error(Status::DriverError, "hipPointerGetAttributes failed: " + hip_error_text(*api, e), __FILE__, __LINE__,
+                "hipPointerGetAttributes");
   if (a.is_managed) return {PointerKind::Device};  // managed memory serves every device
   const PointerKind kind = pointer_kind_from(a.memory_type, hip_runtime_version(*api));
   // Device memory of another device than the plan's: run() refuses it by name, as on CUDA.

@@ -142,7 +142,11 @@ STUB int hipModuleLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, un
   return kOk;
 }
 STUB int hipFuncSetAttribute(const void*, int, int) { return kOk; }
+// The address smla_stub_hip_broken_pointer() gives is answered with hipErrorNotInitialized (3), left pending: a runtime
+// failure, not ROCm 5's word for memory it does not know.
+STUB void* smla_stub_hip_broken_pointer() { return reinterpret_cast<void*>(0xbad2000); }
 STUB int hipPointerGetAttributes(hipPointerAttribute_t* a, const void* p) {
+  if (p == smla_stub_hip_broken_pointer()) return g_pending = 3;
   if (!is_device(p)) return kInvalidValue;  // ROCm 5's answer for plain host memory
   std::memset(a, 0, sizeof *a);
   a->type = 2;  // hipMemoryTypeDevice (ROCm 6)
