@@ -1,6 +1,7 @@
 // hip_subprocess.cpp: see hip_subprocess.hpp.
 #include "hip_subprocess.hpp"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -57,6 +59,8 @@ std::string ChildStatus::describe() const {
 }
 
 namespace detail {
+bool g_close_by_listing = false;
+
 double parse_timeout_s(const char* v, std::string* warning) {
   if (!v || !*v) return kDefaultWorkerTimeoutS;
   char* end = nullptr;
@@ -97,6 +101,23 @@ void kill_child(pid_t pid, int pidfd) {
   ::kill(pid, SIGKILL);
 }
 
+// Close actions for every descriptor from 3 up that this process holds now, for a C library without a closefrom action
+// (glibc < 2.34, on ROCm's RHEL 8 hosts among others): /proc/self/fd lists them. One opened after the listing is still
+// inherited; one closed since is no error (glibc's and musl's spawn ignore a close action's EBADF). Without /proc,
+// nothing is added and the descriptors not marked close-on-exec reach the child, as before.
+void add_close_actions_by_listing(posix_spawn_file_actions_t* actions) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return;
+  const int own = ::dirfd(d);
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end || fd < 3 || fd == own || fd > INT32_MAX) continue;
+    posix_spawn_file_actions_addclose(actions, static_cast<int>(fd));
+  }
+  ::closedir(d);
+}
+
 ChildStatus run_one(const std::vector<std::string>& argv, const std::string& output, char* const* envp,
                     double timeout_s) {
   ChildStatus st;
@@ -112,11 +133,14 @@ ChildStatus run_one(const std::vector<std::string>& argv, const std::string& out
     posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
   // The host's descriptors not marked close-on-exec (pipes, sockets) are no business of the worker's: held open in it
   // for up to the compile's time limit, a host's pipe reader saw no end of file, a listening port stayed busy.
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  if (!detail::g_close_by_listing)
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  else
 #endif
+    add_close_actions_by_listing(&actions);
   // The host's signal mask and ignored SIGCHLD / SIGPIPE are no business of the child's.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);

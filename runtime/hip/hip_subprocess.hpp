@@ -32,6 +32,9 @@ constexpr double kDefaultWorkerTimeoutS = 600;
 /// SMLA_HIPRTC_TIMEOUT_S's value `v` (null: unset) as seconds; kDefaultWorkerTimeoutS, with
 /// `warning` saying why, when it is not a positive finite number.
 double parse_timeout_s(const char* v, std::string* warning);
+/// Tests: spawn as with a C library that has no closefrom action (glibc < 2.34), closing the descriptors /proc/self/fd
+/// lists instead. Set before any spawn, from one thread.
+extern bool g_close_by_listing;
 }  // namespace detail
 
 /// The environment `env` (NULL-terminated, like environ) plus AMD_COMGR_CACHE=0 unless it sets
