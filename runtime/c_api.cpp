@@ -40,26 +40,9 @@ void set_error(Make&& make) noexcept {
 }
 void clear_error() noexcept { g_last_error_text = ""; }
 
-template <class F>
-smla_status_t guard(F&& f) noexcept {
-  try {
-    clear_error();
-    f();
-    return SMLA_OK;
-  } catch (const smla::Error& e) {
-    set_error([&] { return std::string(e.what()); });
-    return static_cast<smla_status_t>(e.status());
-  } catch (const std::exception& e) {
-    set_error([&] { return std::string("smla: internal error: ") + e.what(); });
-    return SMLA_INTERNAL;
-  } catch (...) {
-    set_error([] { return std::string("smla: internal error: an exception of unknown type"); });
-    return SMLA_INTERNAL;
-  }
-}
-
-// A refusal of plan() in the C API's terms: its messages name the C++ Problem's fields ("Problem::t_chunk = 51"),
-// which a C caller does not have; the C structs' names instead, and scale's C convention.
+// An error in the C API's terms: the messages name the C++ API's fields and calls ("Problem::t_chunk = 51",
+// "Tensors::q", "workspace_bytes()"), which a C caller does not have; the C structs' and functions' names instead, and
+// scale's C convention. Every C function's error goes through it (guard).
 std::string in_c_terms(std::string m) {
   auto replace_all = [&m](const std::string& from, const std::string& to) {
     for (size_t i = m.find(from); i != std::string::npos; i = m.find(from, i + to.size())) m.replace(i, from.size(), to);
@@ -70,7 +53,29 @@ std::string in_c_terms(std::string m) {
   replace_all("Problem::lse.includes_sink", "smla_problem_t.lse_excludes_sink");
   replace_all("Problem::lse.base2", "smla_problem_t.lse_base2");
   replace_all("Problem::", "smla_problem_t.");
+  replace_all("Tensors::", "smla_tensors_t.");
+  replace_all("index_report()", "smla_plan_index_report()");
+  replace_all("workspace_bytes()", "smla_plan_workspace_bytes()");
+  replace_all("run(): ", "smla_plan_run(): ");
   return m;
+}
+
+template <class F>
+smla_status_t guard(F&& f) noexcept {
+  try {
+    clear_error();
+    f();
+    return SMLA_OK;
+  } catch (const smla::Error& e) {
+    set_error([&] { return in_c_terms(e.what()); });
+    return static_cast<smla_status_t>(e.status());
+  } catch (const std::exception& e) {
+    set_error([&] { return std::string("smla: internal error: ") + e.what(); });
+    return SMLA_INTERNAL;
+  } catch (...) {
+    set_error([] { return std::string("smla: internal error: an exception of unknown type"); });
+    return SMLA_INTERNAL;
+  }
 }
 
 smla_status_t null_arg(const char* what) noexcept {
@@ -202,13 +207,7 @@ smla_status_t smla_plan_create_ex(smla_runtime_t* rt, const smla_problem_t* p, c
     q.backend = static_cast<smla::BackendKind>(enum_bits(p->backend));
     q.device = p->device;
     q.t_chunk = o.t_chunk;
-    std::shared_ptr<const smla::Plan> plan;
-    try {
-      plan = rt->rt.plan(q);
-    } catch (const smla::Error& e) {
-      throw smla::Error(e.status(), in_c_terms(e.message()), e.file(), e.line(), e.call());
-    }
-    *out = new smla_plan{std::move(plan)};
+    *out = new smla_plan{rt->rt.plan(q)};
   });
 }
 
@@ -225,6 +224,8 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
     smla_plan_info_init(&i);
     i.r_chunk = pi.r_chunk, i.n_chunks = pi.n_chunks, i.t_chunk = pi.t_chunk, i.t_chunks = pi.t_chunks;
     i.workspace_bytes = plan->plan->workspace_bytes();
+    const std::string& be = pi.backend;
+    i.backend = be == "cpu" ? SMLA_BACKEND_CPU : be == "cuda" ? SMLA_BACKEND_CUDA : be == "hip" ? SMLA_BACKEND_HIP : -1;
     // Only the part the caller's struct has: an older caller's smaller struct is left whole past its end.
     const size_t n = std::min(info->struct_size, sizeof(i));
     std::memcpy(reinterpret_cast<unsigned char*>(info) + sizeof(size_t),

@@ -3,6 +3,11 @@
 
 #include <string>
 
+// The standard library ABI this library was built with, which smla.hpp's callers must share: each of their translation
+// units refers to the symbol of its own ABI (smla.hpp), so a mismatch fails to link instead of corrupting strings.
+// Here, beside smla::Error, which everything that includes smla.hpp links.
+extern "C" __attribute__((visibility("default"))) const int SMLA_ABI_SYMBOL = 1;
+
 namespace smla {
 
 const char* status_name(Status s) {

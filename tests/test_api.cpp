@@ -546,7 +546,24 @@ TEST(CApi, ReportsStatusAndMessage) {
   smla_tensors_t ct = c_tensors(cr.tensors());
   void* ws = cr.workspace(ws_bytes);
   cr.poison_outputs();
+  // run()'s refusals in the C API's names (they said "Tensors::q", "workspace_bytes()", "run(): workspace")
   EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes - 1, nullptr), SMLA_WORKSPACE_TOO_SMALL);
+  EXPECT_NE(std::string(smla_last_error()).find("smla_plan_workspace_bytes()"), std::string::npos) << smla_last_error();
+  EXPECT_EQ(smla_plan_run(plan, &ct, nullptr, ws_bytes, nullptr), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("smla_plan_run(): workspace"), std::string::npos) << smla_last_error();
+  const void* q = ct.q;
+  ct.q = nullptr;
+  EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("smla_tensors_t.q"), std::string::npos) << smla_last_error();
+  EXPECT_EQ(std::string(smla_last_error()).find("Tensors::"), std::string::npos) << smla_last_error();
+  ct.q = q;
+  smla_bad_index_t bad;
+  int found = 0;
+  EXPECT_EQ(smla_plan_index_report(plan, ws, nullptr, &bad, &found), SMLA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(smla_last_error()).find("smla_plan_index_report() needs a plan made with "
+                                                "smla_problem_t.check_indices"),
+            std::string::npos)
+      << smla_last_error();
   ct.kv_dtype = SMLA_DTYPE_F32;
   EXPECT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(smla_last_error()).find("kv dtype"), std::string::npos) << smla_last_error();

@@ -36,10 +36,22 @@ int main(void) {
     smla_plan_info_init(&info);
     EXPECT(smla_plan_info(plan, &info) == SMLA_OK);
     EXPECT(info.t_chunk == 20 && info.t_chunks == 3 && info.r_chunk == 64 && info.n_chunks == 1);
+    EXPECT(info.backend == SMLA_BACKEND_CPU);
     EXPECT(smla_plan_workspace_bytes(plan, &ws) == SMLA_OK && ws == info.workspace_bytes && ws > 0);
     smla_plan_destroy(plan);
     plan = NULL;
   }
+  /* SMLA_BACKEND_AUTO: the plan says which backend it took (host or device tensors), never AUTO */
+  pb.backend = SMLA_BACKEND_AUTO;
+  EXPECT(smla_plan_create_ex(rt, &pb, &opt, &plan) == SMLA_OK);
+  if (plan) {
+    smla_plan_info_init(&info);
+    EXPECT(smla_plan_info(plan, &info) == SMLA_OK);
+    EXPECT(info.backend == SMLA_BACKEND_CPU || info.backend == SMLA_BACKEND_CUDA || info.backend == SMLA_BACKEND_HIP);
+    smla_plan_destroy(plan);
+    plan = NULL;
+  }
+  pb.backend = SMLA_BACKEND_CPU;
   opt.t_chunk = 51;
   EXPECT(smla_plan_create_ex(rt, &pb, &opt, &plan) == SMLA_INVALID_ARGUMENT && plan == NULL);
   EXPECT(strstr(smla_last_error(), "t_chunk") != NULL);

@@ -8,6 +8,8 @@
  *   smla_plan_run(plan, &t, workspace, ws, stream);
  *   smla_plan_destroy(plan); smla_runtime_destroy(rt);
  *
+ * C99 or later (or C++): the header's two inline functions are C99's `static inline`.
+ *
  * Every call that can fail returns a status; on failure smla_last_error() (thread-local) says why, and a call that
  * succeeds clears it. No C++ exception leaves these functions.
  *
@@ -47,10 +49,16 @@ typedef enum {
   SMLA_COMPILE_ERROR = 4,
   SMLA_DRIVER_ERROR = 5,
   SMLA_WORKSPACE_TOO_SMALL = 6,
-  SMLA_INTERNAL = 7
+  SMLA_INTERNAL = 7,
+  SMLA_STATUS_INT32 = 0x7fffffff /* not a status: keeps the enum int-sized under -fshort-enums */
 } smla_status_t;
 
-typedef enum { SMLA_BACKEND_AUTO = 0, SMLA_BACKEND_CPU = 1, SMLA_BACKEND_CUDA = 2, SMLA_BACKEND_HIP = 3 } smla_backend_t;
+/* Each enum has an int32 maximum among its values (not one to use): the structs keep their layout where a caller
+   compiles with -fshort-enums. */
+typedef enum {
+  SMLA_BACKEND_AUTO = 0, SMLA_BACKEND_CPU = 1, SMLA_BACKEND_CUDA = 2, SMLA_BACKEND_HIP = 3,
+  SMLA_BACKEND_INT32 = 0x7fffffff
+} smla_backend_t;
 
 typedef struct {
   int64_t T, H, num_kv, topk, head_dim; /* head_dim must be 512 */
@@ -74,7 +82,7 @@ typedef struct {
 /* Element types, optional: 0 (unspecified) is not checked; others must match what the op needs. */
 typedef enum {
   SMLA_DTYPE_UNSPECIFIED = 0, SMLA_DTYPE_BF16 = 1, SMLA_DTYPE_F16 = 2, SMLA_DTYPE_F32 = 3,
-  SMLA_DTYPE_I32 = 4, SMLA_DTYPE_I64 = 5, SMLA_DTYPE_F64 = 6
+  SMLA_DTYPE_I32 = 4, SMLA_DTYPE_I64 = 5, SMLA_DTYPE_F64 = 6, SMLA_DTYPE_INT32 = 0x7fffffff
 } smla_dtype_t;
 
 typedef struct {
@@ -109,6 +117,8 @@ typedef struct {
   int64_t r_chunk, n_chunks; /* top-k slots a chunk, top-k chunks */
   int64_t t_chunk, t_chunks; /* tokens a chunk, token chunks */
   size_t workspace_bytes;
+  int64_t backend;           /* the smla_backend_t the plan runs on (CPU, CUDA or HIP; never AUTO): whether its
+                                tensors are host or device memory, where smla_problem_t asked for SMLA_BACKEND_AUTO */
 } smla_plan_info_t;
 
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */

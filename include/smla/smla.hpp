@@ -7,6 +7,9 @@
 //
 // The op and its math: see docs/ and the project's contract (dq, dkv, d_sink of sparse MLA).
 #pragma once
+#if __cplusplus < 201703L
+#error "smla.hpp needs C++17 (-std=c++17); from C or an older C++, use the C API (smla.h)"
+#endif
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,6 +23,23 @@
 #pragma GCC visibility push(default)
 #define SMLA_HPP_VISIBILITY_PUSHED
 #endif
+
+// The C++ API passes std::string and std::vector across the library's boundary, so a caller must use the standard
+// library ABI libsmla.so was built with. Those types' layout does not appear in the exported names (Runtime's
+// constructor takes a RuntimeOptions), so a mismatch would link and then corrupt memory. Instead each translation unit
+// that includes this header refers to a symbol naming its own ABI, and libsmla.so defines only its own: a mismatch is
+// an undefined reference to smla_abi_<this caller's ABI> at link time. (The C API, smla.h, has no such constraint.)
+#if defined(_LIBCPP_VERSION)
+#define SMLA_ABI_SYMBOL smla_abi_libcxx
+#elif defined(_GLIBCXX_USE_CXX11_ABI) && !_GLIBCXX_USE_CXX11_ABI
+#define SMLA_ABI_SYMBOL smla_abi_libstdcxx_old_string
+#else
+#define SMLA_ABI_SYMBOL smla_abi_libstdcxx_cxx11_string
+#endif
+extern "C" const int SMLA_ABI_SYMBOL;
+namespace smla::detail {
+[[maybe_unused]] __attribute__((used)) static const int* const abi_check = &SMLA_ABI_SYMBOL;
+}  // namespace smla::detail
 
 namespace smla {
 
@@ -170,12 +190,16 @@ class Plan {
   virtual void run(const Tensors& t, void* workspace, size_t workspace_size, void* stream) const = 0;
   /// Reads the index report left in `workspace` by the last run with check_indices
   /// (synchronizes the stream: not for use inside a graph capture). The report is the workspace's first 16 bytes, so
-  /// only those are read, whatever buffer is passed.
+  /// only those are read, whatever buffer is passed: on a workspace no run of this plan has written, what it returns
+  /// means nothing.
   virtual std::optional<BadIndex> index_report(const void* workspace, void* stream) const = 0;
   virtual const PlanInfo& info() const = 0;
   /// The ordered launch list, for per-phase timing: launch_count() launches (info().kernels names them);
   /// run_launch(i) validates the tensors as run() does and runs launch i alone on `stream` (no side stream);
   /// launch_phase(i) is its phase ("dq", ...). An i past the list throws InvalidArgument.
+  /// Launch i reads what launches 0..i-1 left in the workspace (csr's row offsets, interm rows, ...): run them first,
+  /// in order, with the same tensors and workspace. Nothing checks that; launch i on a workspace they did not fill
+  /// reads garbage offsets (a fault, or memory outside the tensors).
   virtual size_t launch_count() const = 0;
   virtual void run_launch(size_t i, const Tensors& t, void* workspace, size_t workspace_size,
                           void* stream) const = 0;
