@@ -150,6 +150,13 @@ TEST(HipKernelSpecs, RejectsTilesThatDoNotFit) {
   s.dq_block_h = 64;  // 8 wavefronts of ~350 registers: does not fit a CU
   EXPECT_FALSE(hip_shape_supported(s, &why));
   EXPECT_NE(why.find("dq tile"), std::string::npos) << why;
+  // A product past int: 16 x 2^30 wrapped to 0 and passed (as did the LDS size, in unsigned), so a tuning database's
+  // entry like it failed plan() at the compile instead of being refused here.
+  s.dq_block_h = 16;
+  s.dq_block_r = 1 << 30;
+  EXPECT_FALSE(hip_shape_supported(s, &why));
+  EXPECT_NE(why.find("dq tile 16x1073741824"), std::string::npos) << why;
+  s.dq_block_r = 0;
   s.dq_block_h = 0;
   s.dkv_block_d = 256;  // B^T of 2*128 rows x 256 columns: 135 KB of LDS
   EXPECT_FALSE(hip_shape_supported(s, &why));

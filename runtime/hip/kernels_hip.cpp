@@ -56,10 +56,13 @@ bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
   if (t.dq_block_h % 16 != 0 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16 dividing H; ";
   if (t.dq_block_r < 32 || t.dq_block_r % 32 != 0) e << "dq_block_r = " << t.dq_block_r << " must be a multiple of 32; ";
-  if (t.dq_block_h * t.dq_block_r > 32 * 32)
+  // In 64 bits: a dq_block_r from a TileConfig or a tuning database may be anything up to INT_MAX (16 x 2^30 wrapped
+  // to 0 and passed, as did the LDS size; the compile failed instead of the plan falling back).
+  const bool dq_tile_fits = static_cast<long long>(t.dq_block_h) * t.dq_block_r <= 32 * 32;
+  if (!dq_tile_fits)
     e << "dq tile " << t.dq_block_h << "x" << t.dq_block_r
       << " needs more than 4 wavefronts (each holds Q and dO fragments in registers): at most 32x32; ";
-  if (smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r) > kHipDefaultLds)
+  else if (smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r) > kHipDefaultLds)
     e << "dq tile needs " << smla_amd_dq_lds_bytes(t.dq_block_h, t.dq_block_r) << " B of LDS (max " << kHipDefaultLds << "); ";
   // dkv_interm
   if (t.dkv_block_r < 16 * kDkvWaves || t.dkv_block_r % (16 * kDkvWaves) != 0 || t.dkv_block_r > 4 * 16 * kDkvWaves)
