@@ -21,14 +21,21 @@ namespace {
 // Before anything opens the HIP runtime (once a process): the stub.
 const bool g_stub_named = [] { return ::setenv("SMLA_LIBHIP", SMLA_STUB_LIBHIP, 1) == 0; }();
 
+// One of the stub's smla_stub_hip_* functions; null when the stub is not the HIP runtime loaded. (The backend keeps the
+// runtime loaded, so this lookup's own reference is dropped at once.)
+template <class F>
+F stub_function(const char* name) {
+  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return nullptr;
+  const F fn = reinterpret_cast<F>(dlsym(h, name));
+  dlclose(h);
+  return fn;
+}
+
 // What the stub saw (smla_stub_hip_*): the device current at the last call of a kind; -2 when the stub is not loaded.
 int stub(const char* counter) {
-  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return -2;
-  auto fn = reinterpret_cast<int (*)()>(dlsym(h, counter));
-  const int v = fn ? fn() : -2;
-  dlclose(h);
-  return v;
+  const auto fn = stub_function<int (*)()>(counter);
+  return fn ? fn() : -2;
 }
 
 int current_device() {
@@ -142,13 +149,10 @@ TEST(HipDevice, AFailedLaunchLeavesNoErrorPending) {
   ASSERT_TRUE(be.usable(&why)) << why;
   const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 256);
   auto k = be.load(spec, {0}, 0);
-  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(h, nullptr);
-  auto failing = reinterpret_cast<void* (*)()>(dlsym(h, "smla_stub_hip_failing_stream"));
-  ASSERT_NE(failing, nullptr);
+  const auto failing = stub_function<void* (*)()>("smla_stub_hip_failing_stream");
+  ASSERT_NE(failing, nullptr) << "the stub HIP runtime is not the one loaded";
   EXPECT_THROW(be.launch(*k, spec, SmlaParams{}, failing()), Error);
   EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the failed launch's error is still pending on this thread";
-  dlclose(h);
 }
 
 // A tensor on another device than the plan's is refused by name, as on CUDA (check_ptr reads other_device): the HIP
@@ -175,10 +179,8 @@ TEST(HipDevice, APointerQueryThatFailsIsNotTakenForHostMemory) {
   hip::HipBackend be;
   std::string why;
   ASSERT_TRUE(be.usable(&why)) << why;
-  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(h, nullptr) << "the stub HIP runtime is not the one loaded";
-  auto broken = reinterpret_cast<void* (*)()>(dlsym(h, "smla_stub_hip_broken_pointer"));
-  ASSERT_NE(broken, nullptr);
+  const auto broken = stub_function<void* (*)()>("smla_stub_hip_broken_pointer");
+  ASSERT_NE(broken, nullptr) << "the stub HIP runtime is not the one loaded";
   try {
     const PointerInfo got = be.pointer_info(broken(), 0);
     ADD_FAILURE() << "a failed hipPointerGetAttributes gave kind " << int(got.kind);
@@ -189,7 +191,6 @@ TEST(HipDevice, APointerQueryThatFailsIsNotTakenForHostMemory) {
   EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the failed query's error is still pending on this thread";
   int host = 0;
   EXPECT_EQ(be.pointer_info(&host, 0).kind, PointerKind::Host) << "hipErrorInvalidValue: memory HIP does not know";
-  dlclose(h);
 }
 
 // After a failed launch, run() asks the backend whether the caller's stream is another device's (hipStreamGetDevice,
@@ -198,10 +199,8 @@ TEST(HipDevice, AnotherDevicesStreamIsNamed) {
   hip::HipBackend be;
   std::string why;
   ASSERT_TRUE(be.usable(&why)) << why;
-  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_NE(h, nullptr) << "the stub HIP runtime is not the one loaded";
-  auto stream = reinterpret_cast<void* (*)(int)>(dlsym(h, "smla_stub_hip_stream"));
-  ASSERT_NE(stream, nullptr);
+  const auto stream = stub_function<void* (*)(int)>("smla_stub_hip_stream");
+  ASSERT_NE(stream, nullptr) << "the stub HIP runtime is not the one loaded";
   EXPECT_EQ(be.foreign_stream(1, stream(0)),
             "the stream belongs to HIP device 0, and the plan is for device 1 (Problem::device): plan for the stream's "
             "device, or pass a stream of the plan's");
