@@ -149,6 +149,8 @@ class DiskCache {
   // Maintenance, for smla-cache (user cache only). Never throw.
   std::vector<EntryInfo> list() const;
   std::vector<EntryInfo> verify() const;  ///< checks every entry; leaves them in place
+  /// Checks the entries `listed` (list()'s); one removed since (a clear, prune or eviction elsewhere) is left out.
+  std::vector<EntryInfo> verify(std::vector<EntryInfo> listed) const;
   BulkResult prune(int64_t max_bytes);    ///< LRU-evict down to max_bytes; also stale staging
                                           ///< and lock files of absent keys nobody holds
   BulkResult clear();                     ///< every entry; also lock files nobody holds

@@ -62,6 +62,25 @@ TEST(DiskCache, KeyFieldsThatAreNotUtf8SurviveTheManifest) {
   EXPECT_EQ(b.get_or_compile(g, c.fn(g)).origin, Origin::Compiled);
 }
 
+// An entry removed between verify's listing and its check (a clear, prune or eviction beside a `smla-cache verify` in a
+// cron job) is gone, not damaged: left out, where it was "BAD <entry>: missing" and verify's exit said "damaged". One
+// still there is checked as ever.
+TEST(DiskCache, AnEntryRemovedWhileVerifyRunsIsNotDamage) {
+  TempDir t;
+  KeyFields f = fields("smla_dq"), g = fields("smla_gather");
+  FakeCompiler c;
+  DiskCache a(settings_for(t));
+  ASSERT_EQ(a.get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  ASSERT_EQ(a.get_or_compile(g, c.fn(g)).origin, Origin::Compiled);
+  const std::vector<EntryInfo> listed = a.list();
+  ASSERT_EQ(listed.size(), 2u);
+  fs::remove_all(t / ("cache/entries/" + make_key(f).entry_name()));  // as another process's clear would
+  const std::vector<EntryInfo> v = a.verify(listed);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].name, make_key(g).entry_name());
+  EXPECT_TRUE(v[0].ok) << v[0].problem;
+}
+
 TEST(DiskCache, ThreadsShareOneCompilePerKey) {
   TempDir t;
   Settings s = settings_for(t);
