@@ -20,7 +20,11 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS) smla_d_sink(SmlaParams
   const bool whole = sk == __int_as_float(0x7f800000);
   for (int t = no_sink ? p.T : threadIdx.x; t < p.T; t += NUM_THREADS) {
     const long long i = (long long)t * p.H + h;
-    acc += (whole ? 1.0 : (double)expf(sk - p.lse_n[i])) * (double)p.delta[i];
+    // The sink's probability is at most 1: lse_n holds the sink. An lse rounded to fp32 (a base-2 one, times ln 2)
+    // can land below a huge sink, and exp of the difference overflowed to +inf, times a delta of 0: NaN. A NaN stays.
+    float x = sk - p.lse_n[i];
+    if (x > 0.f) x = 0.f;
+    acc += (whole ? 1.0 : (double)expf(x)) * (double)p.delta[i];
   }
   acc = smla_warp_sum_d(acc);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;

@@ -36,6 +36,8 @@ struct Case {
   bool dkv_fp32 = false;         // Problem::dkv_fp32
   bool neg_inf_sink = false;     // two heads' sink -inf (FlashMLA allows it), with an empty token
   bool pos_inf_sink = false;     // head 0's sink +inf (FlashMLA allows it): that head's o 0, its d_sink 0
+  bool huge_sink = false;        // head 0's sink 1.475e20, finite: that head's o 0, its d_sink 0 (an fp32 lse, base 2
+                                 // above all, lands below the sink once rounded)
   bool nan_empty_token = false;  // token T/3 without a valid slot, its o and dout NaN (padding with garbage)
   int logit_gain_log2 = 0;       // q times 2^k (exact in bf16), o and lse recomputed: logits of std 0.25 * 2^k, a
                                  // softmax near one-hot and lse far from 0 (the others' logits are all small)
@@ -53,7 +55,7 @@ inline std::string describe(const Case& c) {
     << (c.out_of_range ? " out-of-range" : "") << (c.t_chunk ? " t_chunk=" + std::to_string(c.t_chunk) : "")
     << (c.scale ? " scale=" + std::to_string(c.scale) : "") << (c.strided ? " strided" : "")
     << (c.dkv_fp32 ? " dkv-fp32" : "") << (c.neg_inf_sink ? " -inf-sink" : "")
-    << (c.pos_inf_sink ? " +inf-sink" : "")
+    << (c.pos_inf_sink ? " +inf-sink" : "") << (c.huge_sink ? " huge-sink" : "")
     << (c.nan_empty_token ? " nan-empty-token" : "")
     << (c.logit_gain_log2 ? " q*2^" + std::to_string(c.logit_gain_log2) : "");
   return s.str();
@@ -87,9 +89,10 @@ inline ref::Inputs make_case_inputs(const Case& c, uint64_t seed) {
     std::fill_n(in.o.begin() + t * row, row, uint16_t(0x7fc0));
     std::fill_n(in.dout.begin() + t * row, row, uint16_t(0x7fc0));
   }
-  if (c.scale || c.neg_inf_sink || c.pos_inf_sink) {
+  if (c.scale || c.neg_inf_sink || c.pos_inf_sink || c.huge_sink) {
     if (c.scale) in.scale = c.scale;
     if (c.pos_inf_sink && c.sink) in.sink[0] = std::numeric_limits<float>::infinity();
+    if (c.huge_sink && c.sink) in.sink[0] = 1.47500171e20f;
     if (c.neg_inf_sink && c.sink) {
       in.sink[1] = in.sink[size_t(c.H) - 1] = -std::numeric_limits<float>::infinity();
       ref::make_rows_empty(in, {c.T - 1});  // the last token: no slot (o and lse recomputed, as below)

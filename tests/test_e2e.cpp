@@ -36,6 +36,11 @@ std::vector<Case> cpu_cases() {
       with(small, [](Case& c) { c.pos_inf_sink = true; }),
       with(small, [](Case& c) { c.pos_inf_sink = true, c.lse = LseKind::Base2Excl; }),
       with(small, [](Case& c) { c.pos_inf_sink = c.neg_inf_sink = true, c.lse = LseKind::FlashMla; }),
+      // a huge finite sink, in every lse convention (base 2 rounded to fp32 put the lse below it: d_sink NaN)
+      with(small, [](Case& c) { c.huge_sink = true, c.lse = LseKind::Base2Incl; }),
+      with(small, [](Case& c) { c.huge_sink = true, c.lse = LseKind::Base2Excl; }),
+      with(small, [](Case& c) { c.huge_sink = true; }),
+      with(small, [](Case& c) { c.huge_sink = true, c.lse = LseKind::FlashMla; }),
       // large logits (std 8 and 32: a softmax near one-hot, lse far from 0), unchunked and with top-k chunks
       with(small, [](Case& c) { c.logit_gain_log2 = 5; }),
       with({257, 16, 400, 160, 80, true, K::Benchmark}, [](Case& c) { c.logit_gain_log2 = 7; }),

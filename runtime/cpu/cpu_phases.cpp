@@ -262,7 +262,10 @@ void d_sink(const SmlaParams& p) {
     const bool whole = p.sink[h] == std::numeric_limits<float>::infinity();
     for (int t = 0; t < p.T; ++t) {
       long long th = static_cast<long long>(t) * p.H + h;
-      acc += (whole ? 1.0 : std::exp(static_cast<double>(p.sink[h]) - p.lse_n[th])) * p.delta[th];
+      // At most 1, as the kernel (an fp32 lse can land below a huge sink; exp overflowed, times delta 0: NaN)
+      double x = static_cast<double>(p.sink[h]) - p.lse_n[th];
+      if (x > 0) x = 0;
+      acc += (whole ? 1.0 : std::exp(x)) * p.delta[th];
     }
     p.d_sink[h] = static_cast<float>(0.0 - acc);  // +0 for no terms, as the kernel
   }
