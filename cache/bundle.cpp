@@ -66,6 +66,7 @@ BulkResult DiskCache::export_bundle(const std::string& file) const {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     if (!o) return fail("cannot create " + tmp + ": " + std::strerror(errno));
     o.write(kMagic, sizeof kMagic);
+    uint64_t size = sizeof kMagic + sizeof(uint32_t);  // the magic and the closing 0
     for (const auto& e : verify()) {
       if (!e.ok) {
         r.rejected.push_back(e.name + ": " + e.problem);
@@ -84,6 +85,13 @@ BulkResult DiskCache::export_bundle(const std::string& file) const {
         if (!fs::exists(Root{s_.dir}.entry(e.name), ec) && !ec) continue;  // removed since verify(): nothing to export
         r.rejected.push_back(e.name + ": " + err);
         continue;
+      }
+      size += sizeof(uint32_t) + e.name.size() + sizeof(uint32_t);
+      for (int i = 0; i < 3; ++i) size += sizeof(uint32_t) + std::strlen(files[i]) + sizeof(uint64_t) + bytes[i].size();
+      // Past the file size limit (ulimit -f) SIGXFSZ would end this process part way, its temp file left behind.
+      if (std::string why; !detail::within_file_size_limit(size, tmp, &why)) {
+        o.close();
+        return fail(why);
       }
       put<uint32_t>(o, uint32_t(e.name.size()));
       o << e.name;

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -130,8 +131,22 @@ const std::string* string_field(const nlohmann::json& j, const char* k) {
   return it != j.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
 }
 
+bool within_file_size_limit(uint64_t bytes, const std::string& path, std::string* err) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY || bytes <= uint64_t(lim.rlim_cur))
+    return true;
+  if (err)
+    *err = "cannot write " + path + ": its " + std::to_string(bytes) + " bytes exceed this process's file size limit of " +
+           std::to_string(uint64_t(lim.rlim_cur)) + " bytes (ulimit -f)";
+  return false;
+}
+
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
                 std::string* err, int* err_no) {
+  if (!within_file_size_limit(n, path, err)) {
+    if (err_no) *err_no = EFBIG;
+    return false;
+  }
   // 0666 and the umask decide: under umask 002 a group cache stays writable by the group, so
   // another member can replace or evict this entry.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);

@@ -41,7 +41,13 @@ std::string digest_of(const std::string& kernel, const std::string& shape_tag,
 /// "<readable>-<32 hex>" with a safe charset and no leading dot; the digest part is returned.
 bool valid_entry_name(const std::string& name, std::string* digest = nullptr);
 
-/// Writes and fsyncs a new file (O_EXCL). `inject_failure` simulates a full disk (test hook).
+/// Whether a file of `bytes` stays within this process's file size limit (RLIMIT_FSIZE, `ulimit -f`, which batch
+/// schedulers pass on to jobs): a write past it raises SIGXFSZ, whose default action ends the process (the host
+/// application, for the kernel cache). False, with `err` naming the limit and `path`, where it would not.
+bool within_file_size_limit(uint64_t bytes, const std::string& path, std::string* err);
+
+/// Writes and fsyncs a new file (O_EXCL). `inject_failure` simulates a full disk (test hook). A file past the file size
+/// limit is not written (EFBIG; see within_file_size_limit).
 bool write_file(const std::string& path, const void* data, size_t n, bool inject_failure,
                 std::string* err, int* err_no = nullptr);
 /// Reads a whole regular file (a symlink, FIFO or device in its place is an error: never followed, opened without

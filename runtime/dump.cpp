@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "../cache/entry_store.hpp"
 #include "../cache/private_dir.hpp"
 #include "relative_path.hpp"
 
@@ -44,6 +45,8 @@ void own_dir(const std::string& dir) {
 }
 
 void write_file(const std::string& path, const std::string& text) {
+  if (std::string why; !cache::detail::within_file_size_limit(text.size(), path, &why))
+    throw std::runtime_error(why);  // written, SIGXFSZ would end the process
   // O_NOFOLLOW: a link in the file's place is not written through.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) fail("cannot write " + path);

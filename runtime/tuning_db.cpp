@@ -677,6 +677,8 @@ void TuningDb::store(const std::string& device_class, const Problem& p, const Tu
     log().info("tuning db: removed {}, left by a store that did not finish", gone);
   // "<db>.tmp.<host>.<pid>.<rand>", which that rule reads back.
   const std::string tmp = real + ".tmp." + cache::detail::owner_tag();
+  if (std::string why; !cache::detail::within_file_size_limit(text.size(), tmp, &why))
+    SMLA_THROW(Status::Internal, "tuning db: " + why);  // written, SIGXFSZ would end the process
   // 0666: the umask decides, so under umask 002 the published file stays writable by the group.
   const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
   if (fd < 0)

@@ -124,6 +124,11 @@ std::string write_inputs(const std::string& path, const Header& h, const ref::In
   cache::detail::remove_left_over_temps(path, kStaleTempS);
   const std::string tmp = path + ".tmp." + cache::detail::owner_tag();
   std::string err;
+  auto bytes_of = [](const auto& v) { return uint64_t(sizeof(uint64_t) + v.size() * sizeof(v[0])); };
+  const uint64_t total = sizeof kMagic + sizeof h + bytes_of(in.q) + bytes_of(in.kv) + bytes_of(in.o) +
+                         bytes_of(in.dout) + bytes_of(in.lse) + bytes_of(in.topk) + bytes_of(in.sink) +
+                         bytes_of(in.lse_excl) + sizeof(uint64_t);
+  if (!cache::detail::within_file_size_limit(total, tmp, &err)) return err;  // SIGXFSZ would end the process
   {
     File f(std::fopen(tmp.c_str(), "wb"));
     if (!f) return "cannot create " + tmp + ": " + std::strerror(errno);

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -273,6 +276,33 @@ TEST(Degraded, FullFilesystemInjected) {
   EXPECT_NE(got.not_stored.find("No space left"), std::string::npos) << "says why it is not on disk: " << got.not_stored;
 }
 
+
+// A file size limit (ulimit -f, which batch schedulers pass on to jobs) below an entry's size: the entry is not
+// written, the kernel is kept in memory and the reason said. Written, the write past the limit raised SIGXFSZ, whose
+// default action ended the process (the training job). In a child, whose limit is its own.
+TEST(Degraded, AFileSizeLimitKeepsTheKernelInMemoryInsteadOfEndingTheProcess) {
+  TempDir t;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{1024, 1024};  // under payload()'s 2048 bytes
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
+    DiskCache cache(settings_for(t));
+    KeyFields f = fields("smla_dq");
+    FakeCompiler c;
+    const Fetched got = cache.get_or_compile(f, c.fn(f));
+    if (got.origin != Origin::Compiled || got.binary != payload(f)) ::_exit(11);
+    if (got.not_stored.find("file size limit") == std::string::npos) ::_exit(12);
+    if (cache.get_or_compile(f, c.fn(f)).binary != payload(f) || c.calls != 1) ::_exit(13);  // from memory
+    ::_exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(st)) << "the child was killed by signal " << WTERMSIG(st) << " (" << strsignal(WTERMSIG(st))
+                                << ")";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setrlimit, 11: wrong binary, 12: no reason given, 13: compiled again";
+  EXPECT_TRUE(entry_names(t / "cache").empty());
+}
 
 // A file system (or quota) that fills before SMLA_CACHE_MAX_BYTES does: the least recently used half goes and the
 // publish is tried again. It took no new kernel for good (every later process recompiled them) while the oldest

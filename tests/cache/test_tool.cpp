@@ -203,6 +203,20 @@ TEST(Tool, ImportVerifiesEachEntry) {
   EXPECT_EQ(count_dir(t / "dst/.staging"), 0u);
 }
 
+// An export past the file size limit (ulimit -f) fails naming it, its temp file removed. It was killed by SIGXFSZ part
+// way (exit 153 in a shell), leaving "<bundle>.tmp.*" behind.
+TEST(Tool, AnExportPastTheFileSizeLimitFailsSayingSo) {
+  TempDir t;
+  populate(t / "a", 3);  // three entries of over 2 KB each: past a limit of two 1-KB blocks
+  const std::string bundle = t / "b.smlacb";
+  auto [rc, out] = run_cmd("ulimit -f 2 && " + std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "a") + " export " +
+                           bundle);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("file size limit"), std::string::npos) << out;
+  EXPECT_FALSE(std::ifstream(bundle).good()) << "no bundle";
+  EXPECT_EQ(count_dir(t.path), 1u) << "only the cache directory: no temp file left";
+}
+
 TEST(Tool, TruncatedOrForeignBundleFails) {
   TempDir t;
   populate(t / "a", 2);
