@@ -35,7 +35,7 @@ struct DiskCache::Impl {
   std::string lock_prefix;  // empty: no cross-process lock
   std::atomic<int64_t> compiles{0}, disk_hits{0}, system_hits{0}, memory_hits{0},
       corrupt_replaced{0}, corrupt_kept{0}, unreadable{0}, publish_failures{0};
-  std::atomic<bool> warned_publish{false}, warned_remove{false};
+  std::atomic<bool> warned_publish{false}, warned_remove{false}, warned_readonly_miss{false};
   // The LRU bound without a rescan per publish (that made N publishes O(N^2)): bytes of the
   // last scan plus what this process published since. Other processes' publishes are missed
   // until the next scan, so one is forced every kRescanEvery publishes.
@@ -468,6 +468,16 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
                    k.tag, s_.dir, err);
       else
         log().debug("smla-cache [{}]: cannot publish ({})", k.tag, err);
+    } else if (s_.readonly && !s_.disable) {
+      // A read-only cache is one warmed ahead (smla-warmup): a miss there means the job compiles what the warm-up
+      // was meant to hold, which was silent at the default log level. Once, then debug.
+      if (!I.warned_readonly_miss.exchange(true))
+        log().warn("smla-cache [{}]: not in the read-only cache {} (SMLA_CACHE_READONLY): compiled into memory; this "
+                   "job compiles what its warm-up did not hold (smla-warmup the problem; later misses are logged at "
+                   "debug level)",
+                   k.tag, s_.dir);
+      else
+        log().debug("smla-cache [{}]: not in the read-only cache; compiled into memory", k.tag);
     }
     auto& P = I.proc();
     std::lock_guard<std::mutex> g(P.mu);

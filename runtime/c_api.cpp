@@ -226,6 +226,7 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
     i.workspace_bytes = plan->plan->workspace_bytes();
     const std::string& be = pi.backend;
     i.backend = be == "cpu" ? SMLA_BACKEND_CPU : be == "cuda" ? SMLA_BACKEND_CUDA : be == "hip" ? SMLA_BACKEND_HIP : -1;
+    i.compiled = pi.compiled, i.loaded_from_disk = pi.loaded_from_disk;
     // Only the part the caller's struct has: an older caller's smaller struct is left whole past its end.
     const size_t n = std::min(info->struct_size, sizeof(i));
     std::memcpy(reinterpret_cast<unsigned char*>(info) + sizeof(size_t),

@@ -119,6 +119,8 @@ typedef struct {
   size_t workspace_bytes;
   int64_t backend;           /* the smla_backend_t the plan runs on (CPU, CUDA or HIP; never AUTO): whether its
                                 tensors are host or device memory, where smla_problem_t asked for SMLA_BACKEND_AUTO */
+  int64_t compiled;          /* kernels this smla_plan_create compiled (0 where a warmed cache held them all) */
+  int64_t loaded_from_disk;  /* kernels it loaded from the disk cache */
 } smla_plan_info_t;
 
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */

@@ -158,11 +158,16 @@ TEST(Degraded, ReadonlyKnobServesHitsAndWritesNothing) {
   DiskCache(settings_for(t)).get_or_compile(h, c.fn(h));
   Settings s = settings_for(t);
   s.readonly = true;
+  LogCapture log;
   DiskCache cache(s);
   EXPECT_FALSE(cache.writable());
   EXPECT_EQ(cache.get_or_compile(h, c.fn(h)).origin, Origin::Disk);
+  EXPECT_EQ(log.count("[warning]"), 0) << "a hit says nothing: " << log.text();
   expect_works_in_memory(cache);
   EXPECT_EQ(entry_names(t / "cache").size(), 1u);
+  // The misses (two kernels) are said once at the default level: the job compiles what its warm-up did not hold.
+  EXPECT_EQ(log.count("[warning]"), 1) << log.text();
+  EXPECT_EQ(log.count("not in the read-only cache"), 2) << "once a warning, then debug: " << log.text();
 }
 
 TEST(Degraded, MissingParentIsCreated) {
