@@ -406,6 +406,18 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t n = std::min(jobs.size(), size_t(opts.jobs > 0 ? unsigned(opts.jobs) : hw));
   on_threads(int(n), worker);  // (a thread that cannot start leaves its share to the others and to this one)
+  // The warm-up never evicts, but a job does: one bound by SMLA_CACHE_MAX_BYTES that finds this directory over the
+  // bound evicts its least recently used entries, warmed ones among them, at its first publish. Said here, where the
+  // size is made (it was silent: the first job of another shape deleted kernels the warm-up was run for).
+  if (env_cache.max_bytes > 0) {
+    int64_t total = 0;
+    for (const cache::EntryInfo& e : disk.list()) total += e.bytes;
+    if (total > env_cache.max_bytes)
+      log().warn("warm-up: {} now holds {} bytes, over SMLA_CACHE_MAX_BYTES = {}: a job using it under that bound "
+                 "evicts least recently used entries, warmed ones among them, when it publishes a kernel; raise the "
+                 "bound (or 0: unbounded) for the job, or warm fewer problems",
+                 opts.out_dir, total, env_cache.max_bytes);
+  }
   return finish();
 }
 
