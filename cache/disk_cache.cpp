@@ -204,8 +204,11 @@ DiskCache::DiskCache(Settings s) : s_(std::move(s)), impl_(std::make_unique<Impl
   if (!s_.system_dir.empty()) {
     I.system.dir = s_.system_dir;
     I.system_on = fs::is_directory(I.system.entries(), ec);
+    // The reason said: a directory this user may not enter (mode 0700, another owner) is not one without entries/.
     if (!I.system_on)
-      log().warn("smla-cache: system cache {} has no entries/ directory; ignoring it", s_.system_dir);
+      log().warn("smla-cache: system cache {} {}; ignoring it", s_.system_dir,
+                 ec ? "cannot be read (" + I.system.entries() + ": " + ec.message() + ")"
+                    : std::string("has no entries/ directory"));
   }
   if (s_.dir.empty()) {
     log().warn("smla-cache: no cache directory; compiled kernels stay in memory");

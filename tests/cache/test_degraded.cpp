@@ -170,6 +170,29 @@ TEST(Degraded, ReadonlyKnobServesHitsAndWritesNothing) {
   EXPECT_EQ(log.count("not in the read-only cache"), 2) << "once a warning, then debug: " << log.text();
 }
 
+// A system cache this user may not enter is named as such: it was "has no entries/ directory", which sent an
+// administrator looking for a missing directory that is there. (As root, which enters anything, in a child of
+// another uid.)
+TEST(Degraded, ASystemCacheThatCannotBeReadIsNamedSo) {
+  TempDir t;
+  const std::string sys = t / "system";
+  fs::create_directories(sys + "/entries");
+  ASSERT_EQ(::chmod(sys.c_str(), 0), 0);
+  ASSERT_EQ(::chmod(t.path.c_str(), 0777), 0);
+  auto open = [&]() -> std::string {
+    LogCapture log;
+    Settings s = settings_for(t, "user-" + std::to_string(::geteuid()));
+    s.system_dir = sys;
+    DiskCache cache(s);
+    const std::string text = log.text();
+    if (text.find("system cache " + sys + " cannot be read") == std::string::npos) return "not named: " + text;
+    if (text.find("Permission denied") == std::string::npos) return "no reason: " + text;
+    return "";
+  };
+  EXPECT_EQ(::geteuid() == 0 ? run_as(54321, 54320, open) : open(), "");
+  ::chmod(sys.c_str(), 0755);
+}
+
 TEST(Degraded, MissingParentIsCreated) {
   TempDir t;
   Settings s = settings_for(t);
