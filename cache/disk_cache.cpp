@@ -515,6 +515,8 @@ std::vector<EntryInfo> DiskCache::list() const {
         }
       };
       if (j.is_object()) e.tag = text("tag"), e.target = text("target"), e.compiler_id = text("compiler_id");
+    } else {
+      e.problem = err;  // for the listing to say (an entry of another user's, unreadable here, showed a blank row)
     }
     v.push_back(std::move(e));
   }

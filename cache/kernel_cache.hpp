@@ -112,7 +112,7 @@ struct EntryInfo {
   bool ok = false;        ///< passed verification (only filled by verify())
   bool unreadable = false;  ///< !ok because it could not be read for a reason outside it (EMFILE, EIO, EACCES...):
                             ///< no verdict on the entry, which is left in place (verify() only)
-  std::string problem;    ///< why not, if !ok
+  std::string problem;    ///< why not, if !ok (verify()); list(): why its manifest could not be read, if so
 };
 
 /// Outcome of export/import/prune: counts and the names of entries that were skipped.

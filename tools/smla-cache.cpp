@@ -102,11 +102,16 @@ int cache_main(int argc, char** argv) {
     auto v = cache.list();
     fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", "TAG", "TARGET", "SIZE", "AGE", "ENTRY");
     int64_t total = 0;
+    size_t unread = 0;
     for (const auto& e : v) {
-      fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", e.tag, e.target, human(e.bytes), age(e.age_s), e.name);
+      const bool read = e.problem.empty();
+      unread += !read;
+      fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", read ? e.tag : "(manifest unreadable)", e.target, human(e.bytes),
+                 age(e.age_s), e.name);
       total += e.bytes;
     }
-    fmt::print("{} entries, {} in {}\n", v.size(), human(total), s.dir);
+    fmt::print("{} entries, {} in {}{}\n", v.size(), human(total), s.dir,
+               unread ? fmt::format(" ({} whose manifest could not be read here: `verify` says why)", unread) : "");
     return 0;
   }
   if (verify->parsed()) {

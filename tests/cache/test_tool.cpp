@@ -134,6 +134,16 @@ TEST(Tool, VerifyTellsAnEntryItCannotReadFromADamagedOne) {
     return ::geteuid() == 0 ? run_as(54321, 54320, run) : run();
   };
   EXPECT_EQ(check(3, {"UNREADABLE " + names[0] + ": ", "3 entries, 0 bad, 1 unreadable"}), "");
+  // `list` says so too (it showed a blank tag and exit 0, as if nothing were amiss); it still exits 0.
+  auto listed = [&]() -> std::string {
+    auto [rc, out] = run_cmd(exe + " --dir " + (t / "c") + " list");
+    if (rc != 0) return "exit " + std::to_string(rc) + "\n" + out;
+    if (out.find("(manifest unreadable)") == std::string::npos ||
+        out.find("3 entries") == std::string::npos || out.find("(1 whose manifest could not be read here") == std::string::npos)
+      return "not said:\n" + out;
+    return "";
+  };
+  EXPECT_EQ(::geteuid() == 0 ? run_as(54321, 54320, listed) : listed(), "");
   // Damage beside it: exit 1, each named as what it is.
   std::ofstream(t / ("c/entries/" + names[1] + "/kernel.bin"), std::ios::binary | std::ios::app) << "junk";
   EXPECT_EQ(check(1, {"UNREADABLE " + names[0] + ": ", "BAD " + names[1] + ": ", "3 entries, 1 bad, 1 unreadable"}),
