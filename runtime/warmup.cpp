@@ -258,6 +258,8 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
         if (known == seen.end()) {
           RenderedSource src;
           cache::KeyFields f = kernel_key_fields(st.spec, sources, *rtc, target, &src);
+          if (std::none_of(res.compilers.begin(), res.compilers.end(), [&](const auto& c) { return c.first == target; }))
+            res.compilers.emplace_back(target, f.compiler_id);
           const std::string name = cache::make_key(f).entry_name();
           auto same = by_entry.find(name);  // e.g. the same constants reached another way
           if (same == by_entry.end()) {

@@ -42,6 +42,9 @@ struct WarmupResult {
   std::string tuning_db;
   bool tuning_db_exists = false;
   int tuned_configs = 0;
+  /// Each target's compiler identity, part of every key written for it: a job finds these entries only where its own
+  /// compiler says the same (smla-bench --backends prints it), so a cache warmed on one machine is checked for another.
+  std::vector<std::pair<std::string, std::string>> compilers;  ///< (target, identity), in the order first met
 };
 
 struct WarmupOptions {

@@ -142,6 +142,12 @@ void warm_cycle(const std::string& arch, const std::vector<std::string>& full_ta
   EXPECT_FALSE(fs::exists(out)) << "a dry run made the output directory";
   EXPECT_EQ(jd["cached"], 0);
   for (const auto& k : jd["kernels"]) EXPECT_EQ(k["state"], "planned") << k.dump();
+  // The compiler identity each target's keys carry, as plan() computes it: what to compare with a job's machine.
+  for (const std::string& t : full_targets) {
+    ASSERT_TRUE(jd["compilers"].contains(t)) << jd["compilers"].dump();
+    EXPECT_EQ(jd["compilers"][t].get<std::string>(), rtc.identity()) << t;
+  }
+  EXPECT_EQ(jd["compilers"].size(), full_targets.size()) << jd["compilers"].dump();
 
   const ToolRun first = warmup_tool(args, scratch);
   ASSERT_EQ(first.code, 0) << first.out << first.err;

@@ -139,6 +139,8 @@ int warm(const Options& o, Request& q) {
     j["tuning_db"] = r.tuning_db.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.tuning_db);
     j["tuning_db_exists"] = r.tuning_db_exists;
     j["tuned_configs"] = r.tuned_configs;
+    j["compilers"] = nlohmann::json::object();
+    for (const auto& [target, id] : r.compilers) j["compilers"][target] = id;
     j["errors"] = nlohmann::json::array();
     for (const auto& e : r.errors) j["errors"].push_back(e);
     j["kernels"] = nlohmann::json::array();
@@ -167,6 +169,10 @@ int warm(const Options& o, Request& q) {
     if (!r.tuning_db.empty())
       std::printf("tuning database %s%s: %d tuned config(s) warmed beside the heuristic's\n", r.tuning_db.c_str(),
                   r.tuning_db_exists ? "" : " (does not exist)", r.tuned_configs);
+    // The identity in every key: a job on another machine finds these entries only where its compiler says the same.
+    for (const auto& [target, id] : r.compilers)
+      std::printf("compiler for %s (in every key; a job's must match, see smla-bench --backends): %s\n", target.c_str(),
+                  id.c_str());
     std::printf("%s%zu problem(s) x %zu target(s): %zu distinct kernel(s); compiled %d, already cached %d, failed %d "
                 "in %.1f s -> %s\n",
                 o.dry_run ? "dry run: " : "", problems.size(), targets.size(), r.items.size(), r.compiled, r.cached,
