@@ -378,7 +378,7 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
       ++I.corrupt_kept;
       stuck = writable_;
       what = writable_ ? stuck_err + "; keeping it, recompiling into memory"
-                       : "the cache is read-only here: keeping it, recompiling into memory";
+                       : "the cache is read-only here: keeping it, not using it";  // (a dry run compiles nothing)
     }
     log().warn("smla-cache [{}]: {}; {}", k.tag, problem, what);
     return false;
