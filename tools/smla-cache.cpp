@@ -1,7 +1,8 @@
 // smla-cache: inspect and maintain the kernel cache (the same directory and knobs as the runtime).
 //   smla-cache [--dir DIR] list | verify | prune --max-bytes N | clear | export FILE | import FILE
 // Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors), 2 when it could not
-// run (a usage error, a --dir that is not a directory, a bundle that is not there or cannot be read).
+// run (a usage error, a --dir that is not a directory, a bundle that is not there or cannot be read, a prune, clear or
+// import of the user cache under SMLA_CACHE_READONLY=1 without --dir).
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,7 @@ int cache_main(int argc, char** argv) {
   app.add_option("--dir", s.dir, "cache directory (default: SMLA_CACHE_DIR, else XDG cache)")
       ->check(smla::tools::non_empty_path());
   app.require_subcommand(1);
+  app.footer("Without --dir, prune, clear and import refuse a cache marked SMLA_CACHE_READONLY=1 (exit 2).");
   auto* list = app.add_subcommand("list", "tag, target, size and age of every entry");
   auto* verify = app.add_subcommand("verify", "check every entry, naming the damaged ones (BAD) and those it could not read (UNREADABLE); exit 1 if any is damaged, else 3 if any could not be read");
   auto* prune = app.add_subcommand("prune", "evict least recently used entries down to a size");
@@ -95,6 +97,16 @@ int cache_main(int argc, char** argv) {
   // keys they leave without an entry, and the cache knows where its locks live only with locks on (with them off, one
   // lock file per key ever compiled stayed behind).
   bool needs_write = prune->parsed() || clear->parsed() || imp->parsed();
+  // As smla-warmup's --out: a directory named with --dir is written whatever SMLA_CACHE_READONLY says, but the user
+  // cache a job environment marked read-only (a warmed cache its jobs share) is not pruned, cleared or imported into
+  // by a command run in that environment.
+  if (needs_write && s.readonly && !app.count("--dir")) {
+    fmt::print(stderr,
+               "error: SMLA_CACHE_READONLY is on: the cache {} is read-only in this environment and `{}` would write it; "
+               "unset SMLA_CACHE_READONLY, or name the directory with --dir\n",
+               s.dir, prune->parsed() ? "prune" : clear->parsed() ? "clear" : "import");
+    return 2;
+  }
   s.readonly = !needs_write;
   sc::DiskCache cache(s);
 
