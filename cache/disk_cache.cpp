@@ -326,7 +326,21 @@ Stats DiskCache::stats() const {
 
 Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<CompileOutput()>& compile,
                                   const std::function<bool(const std::vector<uint8_t>&)>& accept) {
+  return fetch(f, compile, accept, nullptr);
+}
+
+std::optional<Fetched> DiskCache::lookup(const KeyFields& f,
+                                         const std::function<bool(const std::vector<uint8_t>&)>& accept) {
+  bool found = false;
+  Fetched got = fetch(f, {}, accept, &found);
+  if (!found) return std::nullopt;
+  return got;
+}
+
+Fetched DiskCache::fetch(const KeyFields& f, const std::function<CompileOutput()>& compile,
+                         const std::function<bool(const std::vector<uint8_t>&)>& accept, bool* found) {
   auto& I = *impl_;
+  if (found) *found = true;  // until the miss below
   const Key k = make_key(f);
   const std::string name = k.entry_name();
   // One caller per key at a time in this process; the others then find its result.
@@ -394,6 +408,10 @@ Fetched DiskCache::get_or_compile(const KeyFields& f, const std::function<Compil
     ++I.system_hits;
     out.origin = Origin::SystemDisk;
     return out;
+  }
+  if (found) {  // lookup(): a miss, without waiting for another process's compile
+    *found = false;
+    return {};
   }
 
   LockFile xlock;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +140,11 @@ class DiskCache {
   Fetched get_or_compile(const KeyFields& f, const std::function<CompileOutput()>& compile,
                          const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
 
+  /// get_or_compile() without the compile: the binary in memory or a verified, accepted entry of the user or system
+  /// cache (a hit refreshes its recency, as there), else nothing, at once: no lock is taken or waited for. A bad
+  /// entry is handled as there (deleted, or kept and skipped).
+  std::optional<Fetched> lookup(const KeyFields& f, const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
+
   Stats stats() const;
   const Settings& settings() const { return s_; }
   /// True when entries can be published to settings().dir.
@@ -165,6 +171,9 @@ class DiskCache {
   bool readable_ = false, writable_ = false;
   std::string unwritable_reason_;
   std::unique_ptr<Impl> impl_;
+  // Both of the above: `compile` is called only where `found` is null (get_or_compile); with it, a miss returns at once.
+  Fetched fetch(const KeyFields& f, const std::function<CompileOutput()>& compile,
+                const std::function<bool(const std::vector<uint8_t>&)>& accept, bool* found);
 };
 
 }  // namespace smla::cache

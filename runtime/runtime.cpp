@@ -3,6 +3,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "../cache/kernel_cache.hpp"
 #include "check.hpp"
@@ -61,12 +62,15 @@ struct __attribute__((visibility("hidden"))) Runtime::Impl {
     return cpu_phase_kernels;
   }
 
+  // The kernel of `spec`: loaded by this Runtime, else from the disk cache, else (`compile`) compiled. Without
+  // `compile`, a kernel in neither is nullptr.
   std::shared_ptr<LoadedKernel> get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
-                                           const std::string& target, int device, PlanInfo& info);
+                                           const std::string& target, int device, PlanInfo& info, bool compile);
 };
 
 std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
-                                                        const std::string& target, int device, PlanInfo& info) {
+                                                        const std::string& target, int device, PlanInfo& info,
+                                                        bool compile_missing) {
   const RtcCompiler* rtc = be.compiler();
   if (!rtc || hip_is_library_kernel(spec)) {  // CPU phases, library calls (rocPRIM): nothing to compile
     return be.load(spec, {}, device);
@@ -116,7 +120,14 @@ std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const Kerne
       return false;
     }
   };
-  cache::Fetched got = disk->get_or_compile(f, compile, accept);
+  cache::Fetched got;
+  if (compile_missing) {
+    got = disk->get_or_compile(f, compile, accept);
+  } else if (std::optional<cache::Fetched> found = disk->lookup(f, accept)) {
+    got = std::move(*found);
+  } else {
+    return nullptr;
+  }
   if (!k) k = be.load(spec, got.binary, device);
   std::lock_guard<std::mutex> lock(mu);
   if (got.origin == cache::Origin::Compiled) {
@@ -310,9 +321,16 @@ std::shared_ptr<const Plan> Runtime::plan_with(const Problem& p_in, const TileCo
   plan->info_.t_chunk = plan->shape_.t_chunk;
   plan->info_.t_chunks = plan->shape_.t_chunks;
   plan->info_.config_source = from_db ? "tuned" : cfg ? "explicit" : "heuristic";
-  for (const Step& st : plan->steps_) {
-    plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_));
-    plan->info_.kernels.push_back(st.spec.entry);
+  // What is cached first (a hit refreshes the entry's recency), then the compiles: under SMLA_CACHE_MAX_BYTES a
+  // compile's publish evicts the least recently used entries, which were this plan's own cached kernels not yet
+  // loaded, and the plan compiled them again (and so did every later process).
+  for (const Step& st : plan->steps_)
+    plan->kernels_.push_back(impl_->get_kernel(*be, st.spec, plan->shape_, target, p.device, plan->info_, false));
+  for (size_t i = 0; i < plan->steps_.size(); ++i) {
+    const KernelSpec& spec = plan->steps_[i].spec;
+    if (!plan->kernels_[i])
+      plan->kernels_[i] = impl_->get_kernel(*be, spec, plan->shape_, target, p.device, plan->info_, true);
+    plan->info_.kernels.push_back(spec.entry);
   }
   log().debug("planned {} launches on {} ({}), workspace {} bytes", plan->steps_.size(), be->name(),
                 target, plan->layout_.total);

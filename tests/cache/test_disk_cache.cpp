@@ -209,6 +209,51 @@ TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
   EXPECT_EQ(get(1), Origin::Compiled) << "k1 was evicted";
 }
 
+// lookup() is get_or_compile() without the compile (plan() looks up all its kernels first, so that a compile's
+// eviction takes none of them): a miss is nothing at once, with no file written; a hit is verified, refreshes the
+// entry's recency like get_or_compile's, and comes from either cache or from memory.
+TEST(DiskCache, LookupFindsWhatIsCachedAndCompilesNothing) {
+  TempDir t;
+  FakeCompiler c;
+  const int64_t one = fake_entry_bytes(t);
+  KeyFields sys_only = fields("k9");
+  {
+    DiskCache sys(settings_for(t, "system"));
+    sys.get_or_compile(sys_only, c.fn(sys_only));
+  }
+  Settings s = settings_for(t);
+  s.system_dir = t / "system";
+  s.max_bytes = 2 * one + one / 2;  // room for two entries
+  DiskCache cache(s);
+  KeyFields k0 = fields("k0"), k1 = fields("k1"), k2 = fields("k2");
+  EXPECT_FALSE(cache.lookup(k0).has_value());
+  EXPECT_TRUE(entry_names(t / "cache").empty());
+  EXPECT_EQ(cache.stats().compiles, 0);
+  cache.get_or_compile(k0, c.fn(k0));
+  cache.get_or_compile(k1, c.fn(k1));
+  std::optional<Fetched> hit = cache.lookup(k0);  // k0 the most recent now, k1 the least
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->origin, Origin::Disk);
+  EXPECT_EQ(hit->binary, payload(k0));
+  cache.get_or_compile(k2, c.fn(k2));
+  EXPECT_TRUE(cache.lookup(k0).has_value());
+  EXPECT_FALSE(cache.lookup(k1).has_value()) << "k1 was the least recently used";
+  std::optional<Fetched> from_sys = cache.lookup(sys_only);
+  ASSERT_TRUE(from_sys.has_value());
+  EXPECT_EQ(from_sys->origin, Origin::SystemDisk);
+  // A binary the driver refuses is no hit, and is deleted as get_or_compile deletes it.
+  EXPECT_FALSE(cache.lookup(k2, [](const std::vector<uint8_t>&) { return false; }).has_value());
+  EXPECT_FALSE(cache.lookup(k2).has_value());
+  EXPECT_EQ(c.calls, 4) << "lookup compiled";
+  Settings off = settings_for(t);
+  off.disable = true;
+  DiskCache mem(off);
+  mem.get_or_compile(k0, c.fn(k0));
+  std::optional<Fetched> kept = mem.lookup(k0);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->origin, Origin::Memory);
+}
+
 // A node whose clock ran ahead dates its entries in the future: such an entry sorts as the least recently used (it
 // stayed the most recent for ever, and the entries really used went first).
 TEST(DiskCache, EvictionTakesAnEntryDatedInTheFutureFirst) {

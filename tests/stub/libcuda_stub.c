@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_SUPPORTED = 801 };
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_IMAGE = 200, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_SUPPORTED = 801 };
 
 static pid_t init_pid;
 static int cuinit_calls, pointer_queries;
@@ -190,7 +190,8 @@ int cuGetErrorName(int r, const char** s) {
      : r == NOT_INITIALIZED ? "CUDA_ERROR_NOT_INITIALIZED"
      : r == INVALID_CONTEXT ? "CUDA_ERROR_INVALID_CONTEXT"
      : r == INVALID_HANDLE ? "CUDA_ERROR_INVALID_HANDLE"
-     : r == NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_UNKNOWN";
+     : r == NOT_SUPPORTED ? "CUDA_ERROR_NOT_SUPPORTED"
+     : r == INVALID_IMAGE ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_UNKNOWN";
   return OK;
 }
 
@@ -205,9 +206,57 @@ int cuGetErrorString(int r, const char** s) {
     STUB_GUARD;                \
     return NOT_SUPPORTED;      \
   }
-STUB_UNSUPPORTED(cuCtxSynchronize)
-STUB_UNSUPPORTED(cuModuleLoadData) STUB_UNSUPPORTED(cuModuleUnload) STUB_UNSUPPORTED(cuModuleGetFunction)
-STUB_UNSUPPORTED(cuFuncSetAttribute) STUB_UNSUPPORTED(cuFuncGetAttribute) STUB_UNSUPPORTED(cuLaunchKernel)
+
+/* Modules, with SMLA_STUB_MODULES=1 only (else they are what only a real GPU does): an ELF image (what NVRTC's cubins
+ * are) loads as a handle, anything else is CUDA_ERROR_INVALID_IMAGE; a function is any name; its attributes are those
+ * of a kernel with no limit of its own (1024 threads, no static shared memory, 0 registers: smla checks the count only
+ * for bodies with a register split). So that plan() can be tested without a GPU: what it compiles, loads and caches. */
+enum { FUNC_MAX_THREADS = 0, FUNC_SHARED_BYTES = 1, FUNC_NUM_REGS = 4 };
+static int modules_on(void) {
+  const char* e = getenv("SMLA_STUB_MODULES");
+  return e && strcmp(e, "1") == 0;
+}
+static int modules_loaded;
+int smla_stub_modules_loaded(void) { return modules_loaded; }
+#define STUB_MODULES_GUARD \
+  STUB_GUARD;              \
+  if (!modules_on()) return NOT_SUPPORTED
+
+int cuModuleLoadData(void** module, const void* image) {
+  STUB_MODULES_GUARD;
+  if (!image || memcmp(image, "\177ELF", 4) != 0) return INVALID_IMAGE;
+  ++modules_loaded;
+  *module = (void*)(0xf000000ul + 16ul * (unsigned long)modules_loaded);
+  return OK;
+}
+int cuModuleUnload(void* module) {
+  STUB_MODULES_GUARD;
+  return module ? OK : INVALID_HANDLE;
+}
+int cuModuleGetFunction(void** fn, void* module, const char* name) {
+  STUB_MODULES_GUARD;
+  if (!module || !name || !*name) return INVALID_HANDLE;
+  *fn = (char*)module + 1;
+  return OK;
+}
+int cuFuncGetAttribute(int* v, int attr, void* fn) {
+  STUB_MODULES_GUARD;
+  (void)fn;
+  *v = attr == FUNC_MAX_THREADS ? 1024 : 0;
+  return attr == FUNC_MAX_THREADS || attr == FUNC_SHARED_BYTES || attr == FUNC_NUM_REGS ? OK : INVALID_VALUE;
+}
+int cuFuncSetAttribute(void* fn, int attr, int v) {
+  STUB_MODULES_GUARD;
+  (void)fn, (void)attr, (void)v;
+  return OK;
+}
+/* A module unload waits for the context first (cuda_backend.cpp): nothing ever runs here. */
+int cuCtxSynchronize(void) {
+  STUB_MODULES_GUARD;
+  return OK;
+}
+
+STUB_UNSUPPORTED(cuLaunchKernel)
 STUB_UNSUPPORTED(cuMemAlloc_v2) STUB_UNSUPPORTED(cuMemFree_v2) STUB_UNSUPPORTED(cuMemcpyHtoD_v2)
 STUB_UNSUPPORTED(cuMemcpyDtoH_v2) STUB_UNSUPPORTED(cuMemcpyDtoHAsync_v2) STUB_UNSUPPORTED(cuMemsetD8_v2)
 STUB_UNSUPPORTED(cuMemsetD32_v2) STUB_UNSUPPORTED(cuMemGetInfo_v2) STUB_UNSUPPORTED(cuStreamCreate)

@@ -1,0 +1,126 @@
+// test_plan_cache.cpp: what plan() does with the disk cache, on the CUDA backend without a GPU: the stub driver of
+// tests/stub/libcuda_stub.c (SMLA_LIBCUDA, with SMLA_STUB_MODULES=1: it loads NVRTC's cubins as handles and runs
+// nothing) and NVRTC compiling for sm_90a for real. Each Runtime reads the cache's knobs from the environment when it
+// is made, so each case sets them first.
+//   - a plan under SMLA_CACHE_MAX_BYTES that compiles one kernel keeps the others it needs: its publish evicted the
+//     cached kernels it had not yet loaded (the least recently used), and it then compiled those again;
+//   - a plan whose kernels are all cached compiles nothing and counts each as loaded from disk.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "smla/smla.hpp"
+#include "tests/e2e_common.hpp"
+
+namespace smla::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Entry {
+  std::string name;
+  int64_t bytes = 0;
+  int64_t stamp_ns = 0;  // the recency stamp (the cache stamps entries strictly increasing: LRU order)
+};
+
+// The cache's entries, oldest first.
+std::vector<Entry> entries_of(const std::string& dir) {
+  std::vector<Entry> v;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir + "/entries", ec), end; !ec && it != end; it.increment(ec)) {
+    Entry e;
+    e.name = it->path().filename().string();
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0) continue;
+    e.stamp_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    for (const auto& f : fs::directory_iterator(it->path())) e.bytes += int64_t(f.file_size());
+    v.push_back(e);
+  }
+  std::sort(v.begin(), v.end(), [](const Entry& a, const Entry& b) { return a.stamp_ns < b.stamp_ns; });
+  return v;
+}
+
+int64_t total_bytes(const std::vector<Entry>& v) {
+  int64_t n = 0;
+  for (const auto& e : v) n += e.bytes;
+  return n;
+}
+
+class PlanCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    Runtime probe;
+    for (const auto& b : probe.backends())
+      if (b.name == "cuda" && !(b.usable && b.can_compile)) why = b.detail;
+    if (!why.empty()) GTEST_SKIP() << "the stub driver with NVRTC is not usable here: " << why;
+    char tmpl[] = "/tmp/smla-plan-cache-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ::setenv("SMLA_CACHE_DIR", dir_.c_str(), 1);
+    ::unsetenv("SMLA_CACHE_MAX_BYTES");
+    ::unsetenv("SMLA_CACHE_READONLY");
+    ::unsetenv("SMLA_CACHE_DISABLE");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+  PlanInfo plan_in_new_runtime(const Case& c) {
+    Runtime rt;
+    return rt.plan(make_problem(BackendKind::Cuda, c))->info();
+  }
+  std::string dir_;
+};
+
+// Three problems whose kernels differ (H and TOPK select the tiles): `a` is the one the job plans, the other two only
+// fill the cache with entries more recent than a's.
+const Case kA{64, 16, 80, 32, 0, true, ref::TopkKind::Uniform};
+const Case kFill1{64, 32, 80, 64, 0, true, ref::TopkKind::Uniform};
+const Case kFill2{64, 32, 9000, 128, 0, false, ref::TopkKind::Uniform};
+
+TEST_F(PlanCache, APlanUnderTheSizeBoundKeepsTheCachedKernelsItLoadsNext) {
+  const PlanInfo first = plan_in_new_runtime(kA);
+  ASSERT_GE(first.compiled, 3) << "the problem's kernels were compiled";
+  const std::vector<Entry> a = entries_of(dir_);
+  ASSERT_EQ(int(a.size()), first.compiled);
+  const int64_t a_bytes = total_bytes(a);
+  plan_in_new_runtime(kFill1);
+  plan_in_new_runtime(kFill2);
+  const std::vector<Entry> all = entries_of(dir_);
+  ASSERT_GT(all.size(), a.size());
+  // The first kernel the plan loads (published first, so stamped first) goes: the job compiles it again.
+  fs::remove_all(dir_ + "/entries/" + a.front().name);
+  // A bound that holds the problem's kernels with room to spare (an eviction goes down to 90% of it), under what the
+  // cache holds: publishing the one kernel evicts least recently used entries, which were a's.
+  const int64_t bound = a_bytes * 10 / 9 + 4096;
+  ASSERT_LT(bound, total_bytes(all)) << "the fillers do not take the cache over the bound";
+  ::setenv("SMLA_CACHE_MAX_BYTES", std::to_string(bound).c_str(), 1);
+  // Every launch's kernel is compiled, loaded from disk or reused (one translation unit holds several entry points).
+  const int launches = first.compiled + first.loaded_from_disk + first.reused_in_process;
+  const PlanInfo job = plan_in_new_runtime(kA);
+  EXPECT_EQ(job.compiled, 1) << "the plan compiled kernels that were cached when it started";
+  EXPECT_EQ(job.compiled + job.loaded_from_disk + job.reused_in_process, launches);
+  // And the next process finds them all.
+  const std::vector<Entry> after = entries_of(dir_);
+  EXPECT_LE(total_bytes(after), bound);
+  const PlanInfo next = plan_in_new_runtime(kA);
+  EXPECT_EQ(next.compiled, 0);
+  EXPECT_EQ(next.loaded_from_disk + next.reused_in_process, launches);
+}
+
+}  // namespace
+}  // namespace smla::test
+
+int main(int argc, char** argv) {
+  // Before anything opens the driver: the stub, with its module loads on.
+  ::setenv("SMLA_LIBCUDA", SMLA_STUB_LIBCUDA, 1);
+  ::setenv("SMLA_STUB_MODULES", "1", 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
