@@ -4,10 +4,12 @@
 //   u64 size, bytes)  and finally u32 0.
 // The bundle carries no trust: import re-verifies every entry exactly as a load would.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,15 +42,39 @@ bool get(std::istream& in, T* v) {
   *v = T(x);
   return true;
 }
-bool get_bytes(std::istream& in, uint64_t n, std::string* s) {
+// `n` bytes, refused past the end of the stream (sized at `total` bytes) before anything is allocated: a garbage size
+// in a damaged bundle allocated up to 2 GiB, and where that failed, the import ended in std::bad_alloc.
+bool get_bytes(std::istream& in, uint64_t n, std::string* s, uint64_t total) {
+  const std::streamoff at = in.tellg();
+  if (at < 0 || uint64_t(at) > total || n > total - uint64_t(at)) return false;
   s->resize(size_t(n));
   return n == 0 || bool(in.read(&(*s)[0], std::streamsize(n)));
 }
 
 }  // namespace
 
-BulkResult DiskCache::export_bundle(const std::string& file) const {
+BulkResult DiskCache::export_bundle(const std::string& file_named) const {
   BulkResult r;
+  // The file replaced is the one a symbolic link names (the link stays); what is there and not a regular file (a
+  // device, a FIFO, a directory) is refused: the rename below replaced /dev/null itself, run as root.
+  std::string file = file_named;
+  {
+    struct stat st {};
+    if (::lstat(file.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      char* real = ::realpath(file.c_str(), nullptr);
+      if (!real) {
+        r.error = file + " is a symbolic link to nothing (" + std::strerror(errno) + "): name the bundle's file itself";
+        return r;
+      }
+      file = real;
+      std::free(real);
+    }
+    if (::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      r.error = file_named + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                ": not replaced by the bundle";
+      return r;
+    }
+  }
   // A temp file of this process beside `file`, flushed to disk before it is renamed into place, so that `file` is
   // the old bundle or the whole new one; on any failure it is removed and nothing counts as exported. (It was
   // "<file>.partial", shared by two exports to one name, never fsynced, and left behind when the rename failed, with
@@ -133,6 +159,8 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     r.error = "cannot open " + file + ": " + std::strerror(errno);
     return r;
   }
+  struct stat st {};
+  const uint64_t total = ::stat(file.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
   char magic[8];
   if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
     r.error = file + " is not an smla-cache bundle";
@@ -155,7 +183,7 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     }
     if (name_len == 0) return r;  // end marker
     std::string name, digest;
-    if (name_len > 512 || !get_bytes(in, name_len, &name) || !get(in, &n_files) || n_files > 8) {
+    if (name_len > 512 || !get_bytes(in, name_len, &name, total) || !get(in, &n_files) || n_files > 8) {
       r.error = where + ": bundle truncated or malformed";
       return r;
     }
@@ -163,13 +191,21 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     bool name_ok = valid_entry_name(name, &digest);
     std::string err;
     std::string stage = name_ok ? make_staging(Root{s_.dir}, "stage", &err) : "";
+    // Removed however this entry ends unless renamed into place (an exception, say, left it in .staging/).
+    struct StageGuard {
+      std::string& path;
+      ~StageGuard() {
+        std::error_code ec;
+        if (!path.empty()) fs::remove_all(path, ec);
+      }
+    } stage_guard{stage};
     bool files_ok = true;
     for (uint32_t i = 0; i < n_files; ++i) {
       uint32_t fl = 0;
       uint64_t size = 0;
       std::string fname, bytes;
-      if (!get(in, &fl) || fl > 64 || !get_bytes(in, fl, &fname) || !get(in, &size) ||
-          size > kMaxFile || !get_bytes(in, size, &bytes)) {
+      if (!get(in, &fl) || fl > 64 || !get_bytes(in, fl, &fname, total) || !get(in, &size) ||
+          size > kMaxFile || !get_bytes(in, size, &bytes, total)) {
         std::error_code ec;
         if (!stage.empty()) fs::remove_all(stage, ec);
         r.error = where + " (" + name + "): bundle truncated or malformed";
@@ -217,6 +253,7 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
       e = rc == 0 ? 0 : errno;
     }
     if (rc == 0) {
+      stage.clear();  // it is the entry now
       touch(dst);
       sync.any = true;
       ++r.done;

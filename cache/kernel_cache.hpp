@@ -161,7 +161,8 @@ class DiskCache {
                                           ///< and lock files of absent keys nobody holds
   BulkResult clear();                     ///< every entry; also lock files nobody holds
   /// Verified entries only, into a temp file beside `file` renamed into place once on disk: `file` is the old
-  /// bundle or the whole new one; on failure (`error`) nothing is left and `done` is 0.
+  /// bundle or the whole new one; on failure (`error`) nothing is left and `done` is 0. A symbolic link's target is
+  /// what is replaced; a `file` that is there and not a regular file (a device, a FIFO, a directory) is refused.
   BulkResult export_bundle(const std::string& file) const;
   BulkResult import_bundle(const std::string& file);        ///< each entry verified before use
 

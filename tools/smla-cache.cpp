@@ -1,7 +1,8 @@
 // smla-cache: inspect and maintain the kernel cache (the same directory and knobs as the runtime).
 //   smla-cache [--dir DIR] list | verify | prune --max-bytes N | clear | export FILE | import FILE
 // Exit code: 0 on success, 1 when something failed (bad entries, rejected imports, I/O errors), 2 when it could not
-// run (a usage error, a --dir that is not a directory, a bundle that is not there or cannot be read, a prune, clear or
+// run (a usage error, a --dir that is not a directory, a bundle that is not there or cannot be read, an export FILE
+// that is there and not a regular file (a symbolic link's target is written), a prune, clear or
 // import of the user cache under SMLA_CACHE_READONLY=1 without --dir).
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <system_error>
 
@@ -77,6 +79,16 @@ int cache_main(int argc, char** argv) {
     }
     if (!exists && app.count("--dir") && !imp->parsed()) {
       fmt::print(stderr, "error: cache directory '{}' does not exist\n", s.dir);
+      return 2;
+    }
+    // An export replaces a regular file only (the library refuses the rest too; here it is a usage error, as for
+    // import): as root it replaced /dev/null itself.
+    if (exp->parsed() && std::filesystem::symlink_status(file, ec).type() != std::filesystem::file_type::not_found &&
+        !std::filesystem::is_regular_file(file, ec)) {
+      fmt::print(stderr, "error: bundle '{}': {}\n", file,
+                 !std::filesystem::exists(file, ec) ? "a symbolic link to nothing"
+                 : std::filesystem::is_directory(file, ec) ? "a directory"
+                                                           : "not a regular file (a device, a FIFO...): not replaced");
       return 2;
     }
     if (imp->parsed() && !std::filesystem::is_regular_file(file, ec)) {
@@ -166,6 +178,12 @@ int main(int argc, char** argv) {
     return smla::tools::flush_stdout("smla-cache") ? rc : 1;
   } catch (const std::system_error& e) {
     std::fprintf(stderr, "smla-cache: cannot write the output: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {  // (was std::terminate: abort, exit 134)
+    std::fprintf(stderr, "smla-cache: out of host memory (std::bad_alloc)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "smla-cache: %s\n", e.what());
     return 1;
   }
 }
