@@ -429,9 +429,13 @@ int main(int argc, char** argv) {
                  "the rounds' medians (default 3 with several plans, else 1)")
       ->transform(smla::tools::decimal(o.rounds))
       ->check(CLI::Range(1, 100));
-  app.add_flag("--backends", o.backends,
-               "print each backend's status (devices, target, compiler identity as in the cache keys) and exit (with --json: "
-               "one JSON object)");
+  CLI::Option* backends = app.add_flag(
+      "--backends", o.backends,
+      "print each backend's status (devices, target, compiler identity as in the cache keys) and exit (with --json: "
+      "one JSON object)");
+  // Nothing runs with --backends: an option of a run beside it was ignored without a word (exit 0).
+  for (CLI::Option* opt : app.get_options())
+    if (opt != backends && opt->get_name() != "--json" && opt->get_name() != "--help") backends->excludes(opt);
   SMLA_TOOL_PARSE(app, argc, argv);
   if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); });
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });

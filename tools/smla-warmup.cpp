@@ -14,6 +14,7 @@
 #include "cli_parse.hpp"  // beside this file
 #include "tools/tool_main.hpp"
 #include "cache/kernel_cache.hpp"
+#include "runtime/planner.hpp"
 #include "runtime/tuning_db.hpp"
 #include "runtime/warmup.hpp"
 #include "smla/smla.hpp"
@@ -64,12 +65,16 @@ struct Request {
   smla::WarmupOptions w;
 };
 
-// Reads the options; what it throws is a usage error (exit 2): a bad --shape or --json-file, no problem, no target or
+// Reads the options; what it throws is a usage error (exit 2): a bad --shape or --json-file, a problem no backend
+// takes, no problem, no target or
 // an unknown one, a --tuning-db that is not there, no --out where the environment says the user cache is not to be
 // written.
 Request read_request(const Options& o) {
   Request q;
   q.problems = gather_problems(o);
+  // A problem no target could run (H 17, TOPK 33) is a usage error, as in the other tools, not a failed kernel (exit
+  // 1); limits of one target only (sm_89's shared memory) stay failures of that target's items.
+  for (const smla::Problem& p : q.problems) smla::validate_problem(p);
   q.targets = o.archs;
   if (q.targets.empty()) {
     std::string why;
