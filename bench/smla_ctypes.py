@@ -42,7 +42,8 @@ class SmlaPlanOptions(ctypes.Structure):
 class SmlaPlanInfo(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("r_chunk", c_int64), ("n_chunks", c_int64), ("t_chunk", c_int64),
                 ("t_chunks", c_int64), ("workspace_bytes", c_size_t), ("backend", c_int64),
-                ("compiled", c_int64), ("loaded_from_disk", c_int64)]
+                ("compiled", c_int64), ("loaded_from_disk", c_int64), ("reused_in_process", c_int64),
+                ("config_source", c_int64)]
 
 
 class SmlaTensors(ctypes.Structure):
@@ -157,9 +158,11 @@ class Plan:
         i = SmlaPlanInfo()
         self.smla.lib.smla_plan_info_init_sized(byref(i), sizeof(i))
         self.smla.check(self.smla.lib.smla_plan_info(self.h, byref(i)), "smla_plan_info")
-        # backend: 1 cpu, 2 cuda, 3 hip (0 from a library older than the field)
+        # backend: 1 cpu, 2 cuda, 3 hip; config_source: 1 heuristic, 2 tuned, 3 explicit (0 from a library older than
+        # the field)
         self.info = {k: getattr(i, k) for k in ("r_chunk", "n_chunks", "t_chunk", "t_chunks", "workspace_bytes",
-                                                "backend", "compiled", "loaded_from_disk")}
+                                                "backend", "compiled", "loaded_from_disk", "reused_in_process",
+                                                "config_source")}
 
     def workspace(self, device):
         """A torch uint8 tensor of workspace_bytes on device, its base WORKSPACE_ALIGN-aligned (None if

@@ -54,6 +54,9 @@ std::string in_c_terms(std::string m) {
   replace_all("Problem::lse.base2", "smla_problem_t.lse_base2");
   replace_all("Problem::", "smla_problem_t.");
   replace_all("Tensors::", "smla_tensors_t.");
+  // C++'s "Tensors::lse dtype" (Tensors::dtypes.lse) is the C struct's own field.
+  for (const char* t : {"q", "kv", "o", "dout", "lse", "topk", "attn_sink", "dq", "dkv", "d_sink"})
+    replace_all(std::string("smla_tensors_t.") + t + " dtype", std::string("smla_tensors_t.") + t + "_dtype");
   replace_all("index_report()", "smla_plan_index_report()");
   replace_all("workspace_bytes()", "smla_plan_workspace_bytes()");
   replace_all("run(): ", "smla_plan_run(): ");
@@ -226,7 +229,12 @@ smla_status_t smla_plan_info(const smla_plan_t* plan, smla_plan_info_t* info) {
     i.workspace_bytes = plan->plan->workspace_bytes();
     const std::string& be = pi.backend;
     i.backend = be == "cpu" ? SMLA_BACKEND_CPU : be == "cuda" ? SMLA_BACKEND_CUDA : be == "hip" ? SMLA_BACKEND_HIP : -1;
-    i.compiled = pi.compiled, i.loaded_from_disk = pi.loaded_from_disk;
+    i.compiled = pi.compiled, i.loaded_from_disk = pi.loaded_from_disk, i.reused_in_process = pi.reused_in_process;
+    const std::string& cs = pi.config_source;
+    i.config_source = cs == "heuristic" ? SMLA_CONFIG_HEURISTIC
+                      : cs == "tuned"   ? SMLA_CONFIG_TUNED
+                      : cs == "explicit" ? SMLA_CONFIG_EXPLICIT
+                                         : SMLA_CONFIG_UNKNOWN;
     // Only the part the caller's struct has: an older caller's smaller struct is left whole past its end.
     const size_t n = std::min(info->struct_size, sizeof(i));
     std::memcpy(reinterpret_cast<unsigned char*>(info) + sizeof(size_t),

@@ -5,5 +5,6 @@
 _Static_assert(sizeof(smla_status_t) == sizeof(int), "smla_status_t shrank under -fshort-enums");
 _Static_assert(sizeof(smla_backend_t) == sizeof(int), "smla_backend_t shrank under -fshort-enums");
 _Static_assert(sizeof(smla_dtype_t) == sizeof(int), "smla_dtype_t shrank under -fshort-enums");
+_Static_assert(sizeof(smla_config_source_t) == sizeof(int), "smla_config_source_t shrank under -fshort-enums");
 
 int smla_short_enums_checked(void) { return 1; }

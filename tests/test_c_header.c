@@ -38,6 +38,7 @@ int main(void) {
     EXPECT(info.t_chunk == 20 && info.t_chunks == 3 && info.r_chunk == 64 && info.n_chunks == 1);
     EXPECT(info.backend == SMLA_BACKEND_CPU);
     EXPECT(info.compiled == 0 && info.loaded_from_disk == 0); /* the CPU backend compiles nothing */
+    EXPECT(info.config_source == SMLA_CONFIG_HEURISTIC);
     EXPECT(smla_plan_workspace_bytes(plan, &ws) == SMLA_OK && ws == info.workspace_bytes && ws > 0);
     smla_plan_destroy(plan);
     plan = NULL;

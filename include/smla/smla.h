@@ -111,6 +111,14 @@ typedef struct {
                          SMLA_INTERM_BUDGET_BYTES), else 1..T; smaller chunks, smaller workspace (Problem::t_chunk) */
 } smla_plan_options_t;
 
+/* Where a plan's tiles and bodies came from (PlanInfo::config_source in C++): the planner's heuristic, a tuning
+   database's entry (SMLA_TUNING_DB), or the caller's TileConfig (C++ only). Part of what decides the output bits
+   (README, "Determinism"). 0 is a library older than the field. */
+typedef enum {
+  SMLA_CONFIG_UNKNOWN = 0, SMLA_CONFIG_HEURISTIC = 1, SMLA_CONFIG_TUNED = 2, SMLA_CONFIG_EXPLICIT = 3,
+  SMLA_CONFIG_INT32 = 0x7fffffff
+} smla_config_source_t;
+
 /* What the planner chose (PlanInfo in C++), versioned like smla_plan_options_t; smla_plan_info_init sets the size. */
 typedef struct {
   size_t struct_size;
@@ -121,6 +129,8 @@ typedef struct {
                                 tensors are host or device memory, where smla_problem_t asked for SMLA_BACKEND_AUTO */
   int64_t compiled;          /* kernels this smla_plan_create compiled (0 where a warmed cache held them all) */
   int64_t loaded_from_disk;  /* kernels it loaded from the disk cache */
+  int64_t reused_in_process; /* kernels this runtime had loaded already (by an earlier plan) */
+  int64_t config_source;     /* an smla_config_source_t */
 } smla_plan_info_t;
 
 void smla_problem_init(smla_problem_t* p);   /* defaults: head_dim 512, natural sink-inclusive lse */
