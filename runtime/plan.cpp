@@ -81,17 +81,20 @@ struct Span {
   uintptr_t lo = 0, hi = 0;
 };
 
-// Strides may say anything: a span past 2^62 bytes (no memory is that large; a stride of 2^60 elements overflowed
-// int64 here, undefined behaviour, and the overlap checks then ran on a wrapped interval) is refused by name.
-constexpr __int128 kMaxSpanBytes = __int128(1) << 62;
+// Strides may say anything: a span that ends past 2^57 (no process's addresses reach that far: x86-64's five-level
+// paging gives 2^56, AArch64 2^52; a stride of 2^60 elements overflowed int64 here, undefined behaviour, and the
+// overlap checks then ran on a wrapped interval; one of 2^59 was blamed as an overlap with the workspace) is refused
+// by name, as a stride.
+constexpr __int128 kMaxSpanBytes = __int128(1) << 57;
 
 Span span_of(const char* name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
              size_t elem) {
   Span s{name, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(ptr)};
   if (!ptr) return s;
   const __int128 bytes = (__int128(n_t - 1) * st + __int128(n_h - 1) * sh + row) * __int128(elem);
-  if (bytes > kMaxSpanBytes || __int128(s.lo) + bytes > __int128(UINTPTR_MAX))
-    arg_error(name, "strides whose rows fit in memory (they span more than 2^62 bytes)", Status::InvalidArgument);
+  if (bytes > kMaxSpanBytes || __int128(s.lo) + bytes > kMaxSpanBytes)
+    arg_error(name, "strides whose rows fit in memory (they reach past 2^57 bytes of address space)",
+              Status::InvalidArgument);
   s.hi = s.lo + static_cast<uintptr_t>(bytes);
   return s;
 }
@@ -259,7 +262,7 @@ SmlaParams PlanImpl::base_params(const Tensors& t, void* workspace, size_t works
         span_of("Tensors::lse", t.lse, T, s.lse_st, H, s.lse_sh, 1, 4),
         span_of("Tensors::topk", t.topk, T, s.topk_st, 1, 0, p.topk, 4),
         span_of("Tensors::attn_sink", p.has_sink ? t.attn_sink : nullptr, 1, 0, 1, 0, H, 4)};
-    // After span_of, which refuses strides whose rows span past 2^62 bytes: the extents named here then fit int64.
+    // After span_of, which refuses strides whose rows span past 2^57 bytes: the extents named here then fit int64.
     check_rows_disjoint("dq", p.T, s.dq_st, "dq_stride_t", H, s.dq_sh, "dq_stride_h", D);
     check_no_overlap(outputs, inputs);
   }

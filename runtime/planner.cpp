@@ -8,6 +8,8 @@
 #include <limits>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "check.hpp"
 
 namespace smla {
@@ -66,7 +68,7 @@ void validate_problem(const Problem& p) {
   if (p.t_chunk != 0 && (p.t_chunk < 1 || p.t_chunk > p.T))
     bad("t_chunk", std::to_string(p.t_chunk), "0 (planner's choice) or 1..T = " + std::to_string(p.T));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0))
-    bad("scale", std::to_string(*p.scale), "a finite positive number");
+    bad("scale", fmt::format("{}", *p.scale), "a finite positive number");  // (%f wrote -1e-10 as -0.000000)
   if (p.lse.includes_sink == false && !p.has_sink) {
     // Without a sink both conventions coincide: accepted.
   }

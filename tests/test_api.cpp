@@ -111,6 +111,9 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = int64_t(1) << 60; },
                    "Tensors::q: expected strides whose rows fit in memory");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = int64_t(1) << 61; }, "Tensors::dq");
+    // One no address space reaches either, under the old 2^62 bound: it was blamed as an overlap with the workspace.
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = int64_t(1) << 59; },
+                   "Tensors::dq: expected strides whose rows fit in memory");
     // Such strides are refused as such before dq's rows are checked for overlap, whose message printed their extent
     // wrapped to a negative int64 ("a stride >= -1152921504606846464 elements").
     expect_bad_run(
