@@ -602,11 +602,20 @@ std::vector<Problem> collect_problems(const std::vector<std::string>& shapes, co
       }
     }
   if (!json_file.empty()) {
+    // A directory opens as a stream that reads nothing: it was "problem list: not valid JSON", naming no file.
+    std::error_code ec;
+    if (std::filesystem::is_directory(json_file, ec))
+      throw Error(Status::InvalidArgument, "--json-file " + json_file + ": a directory, not a file", __FILE__,
+                  __LINE__);
     std::ifstream in(json_file);
     if (!in) throw Error(Status::InvalidArgument, "--json-file " + json_file + ": cannot be read", __FILE__, __LINE__);
     std::stringstream buf;
     buf << in.rdbuf();
-    for (const Problem& p : parse_problems_json(buf.str())) out.push_back(p);
+    try {
+      for (const Problem& p : parse_problems_json(buf.str())) out.push_back(p);
+    } catch (const Error& e) {
+      throw Error(e.status(), "--json-file " + json_file + ": " + e.message(), __FILE__, __LINE__);
+    }
   }
   return out;
 }

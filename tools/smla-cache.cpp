@@ -119,6 +119,19 @@ int cache_main(int argc, char** argv) {
                s.dir, prune->parsed() ? "prune" : clear->parsed() ? "clear" : "import");
     return 2;
   }
+  // Nothing to prune or clear where there is no cache (a mistyped --dir, or a default cache not made yet): said, and
+  // nothing created there (opening the cache to write it made .locks/, .staging/ and entries/ in any directory).
+  auto holds_cache = [&] {
+    std::error_code ec;
+    for (const char* sub : {"/entries", "/.staging", "/.locks"})
+      if (std::filesystem::is_directory(s.dir + sub, ec)) return true;
+    return false;
+  };
+  if ((prune->parsed() || clear->parsed()) && !holds_cache()) {
+    fmt::print("{}: 0 entries ({} holds no smla cache: no entries/ directory)\n", prune->parsed() ? "evicted" : "removed",
+               s.dir);
+    return 0;
+  }
   s.readonly = !needs_write;
   sc::DiskCache cache(s);
 
