@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -391,11 +392,18 @@ int main(int argc, char** argv) {
   app.add_option("--sink", o.sink, "for --shape problems and the default seed shape: on, off or both (default on)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   app.add_option("--max-seconds", o.max_seconds, "time budget per problem, compiles included (default 540)")
-      ->check([](const std::string& s) -> std::string {
-        // A negative budget tried the heuristic alone and NaN every candidate, without a word.
-        double v = 0;
-        return CLI::detail::lexical_cast(s, v) && v >= 0 && v <= 1e9 ? "" : "'" + s + "' is not a number of seconds from 0 to 1e9";
-      });
+      ->transform(CLI::Validator(
+          [](std::string& s) -> std::string {
+            // A negative budget tried the heuristic alone and NaN every candidate, without a word. Plain decimal, as
+            // the integer options (decimal()): strtod's " 5" and "0x10" were taken.
+            double v = 0;
+            const char* end = s.data() + s.size();
+            const std::from_chars_result r = std::from_chars(s.data(), end, v, std::chars_format::general);
+            if (s.empty() || r.ec != std::errc() || r.ptr != end || !(v >= 0 && v <= 1e9))
+              return "'" + s + "' is not a number of seconds from 0 to 1e9";
+            return "";
+          },
+          ""));
   app.add_option("--check-t", o.check_t, "T of the correctness check (default 257)")
       ->transform(smla::tools::decimal(o.check_t))
       ->check(CLI::Range(1, 4096));
