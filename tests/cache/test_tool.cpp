@@ -27,6 +27,16 @@ static void populate(const std::string& dir, int n) {
   }
 }
 
+// A bundle of `n` fake entries exported from their own cache under `t` (t/a); its path, its bytes in `*bytes`.
+static std::string exported_bundle(const TempDir& t, int n, std::string* bytes) {
+  populate(t / "a", n);
+  const std::string bundle = t / "b.smlacb";
+  auto [rc, out] = tool(t / "a", "export " + bundle);
+  EXPECT_EQ(rc, 0) << out;
+  *bytes = slurp(bundle);
+  return bundle;
+}
+
 TEST(Tool, ListShowsTagTargetAndSize) {
   TempDir t;
   populate(t / "c", 2);
@@ -201,11 +211,9 @@ TEST(Tool, OutputThatCannotBeWrittenIsAnError) {
 
 TEST(Tool, ImportVerifiesEachEntry) {
   TempDir t;
-  populate(t / "a", 3);
-  std::string bundle = t / "b.smlacb";
-  ASSERT_EQ(tool(t / "a", "export " + bundle).first, 0);
+  std::string b;
+  const std::string bundle = exported_bundle(t, 3, &b);
   // Flip a byte inside k1's binary in the bundle (its payload starts with a findable marker).
-  std::string b = slurp(bundle);
   size_t p = b.find("PAYLOAD:k1:");
   ASSERT_NE(p, std::string::npos);
   b[p + 100] ^= 0x01;
@@ -268,10 +276,8 @@ TEST(Tool, ExportWritesALinksTargetAndRefusesWhatIsNoFile) {
 // directory left in the cache. Sizes past the end of the file are refused before anything is allocated.
 TEST(Tool, AGarbageSizeInABundleAllocatesNothing) {
   TempDir t;
-  populate(t / "a", 1);
-  std::string bundle = t / "b.smlacb";
-  ASSERT_EQ(tool(t / "a", "export " + bundle).first, 0);
-  std::string b = slurp(bundle);
+  std::string b;
+  const std::string bundle = exported_bundle(t, 1, &b);
   auto u32 = [&](size_t at) {
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(b[at + i])) << (8 * i);
@@ -295,10 +301,8 @@ TEST(Tool, AGarbageSizeInABundleAllocatesNothing) {
 
 TEST(Tool, TruncatedOrForeignBundleFails) {
   TempDir t;
-  populate(t / "a", 2);
-  std::string bundle = t / "b.smlacb";
-  ASSERT_EQ(tool(t / "a", "export " + bundle).first, 0);
-  std::string b = slurp(bundle);
+  std::string b;
+  const std::string bundle = exported_bundle(t, 2, &b);
   std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b.substr(0, b.size() - 700);
   auto [rc, out] = tool(t / "dst", "import " + bundle);
   EXPECT_EQ(rc, 1) << out;
