@@ -244,7 +244,7 @@ BulkResult DiskCache::import_bundle(const std::string& file) {
     }
     if (!local.ok) {
       // A corrupt local copy gives way to the verified one, if we may remove it.
-      if (!remove_entry(Root{s_.dir}, name, &err)) {
+      if (!remove_entry(Root{s_.dir}, name, &err, nullptr, &local)) {
         fs::remove_all(stage, ec);
         r.rejected.push_back(name + ": the local copy is bad and " + err);
         continue;

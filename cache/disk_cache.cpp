@@ -385,7 +385,7 @@ Fetched DiskCache::fetch(const KeyFields& f, const std::function<CompileOutput()
     }
     // Say (and count) what actually happened to the entry.
     std::string what = "skipping it";
-    if (owned && writable_ && remove_entry(r, name, &stuck_err)) {
+    if (owned && writable_ && remove_entry(r, name, &stuck_err, nullptr, &L)) {
       ++I.corrupt_replaced;
       what = "deleted it, recompiling";
     } else if (owned) {
@@ -587,9 +587,11 @@ BulkResult DiskCache::clear() {
     return r;
   }
   for (const auto& s : scan_entries(impl_->user)) {
+    if (!valid_entry_name(s.name)) continue;  // not smla's (a note, a directory of the user's): never removed
     std::string err;
-    if (remove_entry(impl_->user, s.name, &err)) ++r.done;
-    else r.rejected.push_back(err);
+    bool was_gone = false;
+    if (!remove_entry(impl_->user, s.name, &err, &was_gone)) r.rejected.push_back(err);
+    else if (!was_gone) ++r.done;  // (one another process removed first is not counted)
   }
   clean_stale_staging(impl_->user, s_.stale_staging_s);
   impl_->remove_unused_locks();

@@ -178,6 +178,11 @@ bool write_file(const std::string& path, const void* data, size_t n, bool inject
 
 bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
                bool* missing, bool* unavailable) {
+  return read_file_at(AT_FDCWD, path, path, out, err, missing, unavailable);
+}
+
+bool read_file_at(int dirfd, const std::string& name, const std::string& path, std::vector<uint8_t>* out,
+                  std::string* err, bool* missing, bool* unavailable) {
   if (missing) *missing = false;
   if (unavailable) *unavailable = false;
   out->clear();
@@ -186,7 +191,7 @@ bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* 
   auto outside = [&](int e) {
     if (unavailable) *unavailable = !(e == ENOENT || e == ELOOP || e == EISDIR || e == ENOTDIR || e == ENXIO);
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     if (missing) *missing = e == ENOENT;
@@ -298,7 +303,8 @@ std::string dangling_symlink(const std::string& path) {
   return "";
 }
 
-bool remove_entry(const Root& r, const std::string& name, std::string* err) {
+bool remove_entry(const Root& r, const std::string& name, std::string* err, bool* was_gone, const Loaded* only) {
+  if (was_gone) *was_gone = false;
   // Through a link a group member planted (entries/ or .staging/ to a directory of the caller's own), a removal would
   // delete outside the cache.
   if (std::string why = linked_subdir(r); !why.empty()) {
@@ -310,11 +316,20 @@ bool remove_entry(const Root& r, const std::string& name, std::string* err) {
   std::error_code ec;
   make_dir_like_root(r.staging(), r.dir);
   if (::rename(from.c_str(), to.c_str()) == 0) {
+    // Only the directory judged bad: one published in its place since it was read (a good entry) goes back, unless
+    // yet another took the name meanwhile (then this copy is one too many). The judged one is gone either way.
+    struct stat st {};
+    if (only && only->ino && ::lstat(to.c_str(), &st) == 0 && (st.st_ino != only->ino || st.st_dev != only->dev) &&
+        ::rename(to.c_str(), from.c_str()) == 0)
+      return true;
     fs::remove_all(to, ec);  // out of entries/ already; leftovers are stale staging
     return true;
   }
   int e = errno;
-  if (e == ENOENT) return true;  // someone else removed it
+  if (e == ENOENT) {  // someone else removed it
+    if (was_gone) *was_gone = true;
+    return true;
+  }
   fs::remove_all(from, ec);  // cannot move it aside: delete in place
   std::error_code xec;
   if (!fs::exists(from, xec)) return true;
@@ -448,13 +463,36 @@ const char* network_fs_of(const std::string& path) {
 
 Loaded load_entry(const std::string& dir, const std::string& digest) {
   Loaded L;
+  // The files are read through the directory opened once: read by path, a manifest not found because the entry was
+  // not published yet (or was just evicted) and a directory found there a moment later (another process's publish)
+  // read as a directory without a manifest, "corrupt", and the good entry was deleted.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (dfd < 0) {
+    const int e = errno;
+    L.missing = e == ENOENT;  // no entry: a miss
+    L.unavailable = !(e == ENOENT || e == ELOOP || e == ENOTDIR);  // (a link or a file is a verdict on the entry)
+    L.problem = L.missing ? "missing" : "cannot open " + dir + ": " + errno_text(e);
+    return L;
+  }
+  struct DirFd {
+    int fd;
+    ~DirFd() { ::close(fd); }
+  } dir_fd{dfd};
+  struct stat dst {};
+  if (::fstat(dfd, &dst) == 0) L.dev = dst.st_dev, L.ino = dst.st_ino;
+  // A file of the opened directory that is not there: the directory was removed since (an eviction, a clear) or
+  // replaced by a newer publish, a miss; still the one at `dir`, it was never published whole.
+  auto gone = [&] {
+    struct stat now {};
+    return ::stat(dir.c_str(), &now) != 0 || now.st_ino != dst.st_ino || now.st_dev != dst.st_dev;
+  };
+  auto read = [&](const char* file, std::vector<uint8_t>* out, std::string* err, bool* missing) {
+    return read_file_at(dfd, file, dir + "/" + file, out, err, missing, &L.unavailable);
+  };
   std::vector<uint8_t> bytes;
   std::string err;
   bool missing = false;
-  std::error_code ec;
-  auto gone = [&] { return !fs::exists(dir, ec); };
-  if (!read_file(dir + "/" + kManifest, &bytes, &err, &missing, &L.unavailable)) {
-    // No directory at all is a miss; a directory without a manifest was never published whole.
+  if (!read(kManifest, &bytes, &err, &missing)) {
     L.missing = missing && gone();
     L.problem = L.missing ? "missing" : "unreadable manifest (" + err + ")";
     return L;
@@ -486,7 +524,7 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       return L;
     }
     std::vector<uint8_t> src;
-    if (!read_file(dir + "/" + kSource, &src, &err, &missing, &L.unavailable)) {
+    if (!read(kSource, &src, &err, &missing)) {
       L.missing = missing && gone();
       L.problem = L.missing ? "missing" : "unreadable source (" + err + ")";
       return L;
@@ -495,7 +533,7 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       L.problem = "source does not match its manifest";
       return L;
     }
-    if (!read_file(dir + "/" + kBinary, &L.binary, &err, &missing, &L.unavailable)) {
+    if (!read(kBinary, &L.binary, &err, &missing)) {
       L.missing = missing && gone();
       L.problem = L.missing ? "missing" : "unreadable binary (" + err + ")";
       return L;
@@ -588,10 +626,32 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
     return true;
   }
   e_no = errno;
-  if (e_no == EEXIST || e_no == ENOTEMPTY) {
-    *lost_race = true;  // another process published the same key first: that is success
-    fail(stage);
-    return true;
+  if (e_no == EEXIST || e_no == ENOTEMPTY || e_no == ENOTDIR) {
+    // Something holds the name: another process's publish of the same key (success: its entry is as good as this
+    // one), or a bad entry (a copy in progress, a file), which went unnoticed until a load deleted it. A bad one is
+    // removed, that directory only, and the rename tried once more.
+    std::string digest;
+    valid_entry_name(name, &digest);
+    const Loaded there = load_entry(dst, digest);
+    std::string rm_err;
+    if (!there.ok && !there.unavailable && (there.missing || remove_entry(r, name, &rm_err, nullptr, &there))) {
+      if (::rename(stage.c_str(), dst.c_str()) == 0) {
+        fsync_dir(r.entries());
+        touch(dst);
+        *bytes = int64_t(source.size() + binary.size() + m.size());
+        return true;
+      }
+      e_no = errno;
+    }
+    if (there.ok || e_no == EEXIST || e_no == ENOTEMPTY) {
+      *lost_race = true;  // another process published the same key first: that is success
+      fail(stage);
+      return true;
+    }
+    if (!rm_err.empty()) {
+      *err = "a bad entry holds " + dst + " and " + rm_err;
+      return fail(stage);
+    }
   }
   *err = "cannot rename " + stage + " to " + dst + ": " + errno_text(e_no);
   return fail(stage);
@@ -646,11 +706,17 @@ Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of
   const bool dir_writable = ::faccessat(AT_FDCWD, r.entries().c_str(), W_OK, AT_EACCESS) == 0;
   std::vector<Scanned> mine;
   std::vector<std::string> pinned;
+  auto vanished = [&](const std::string& name) {
+    struct stat st {};
+    return ::lstat(r.entry(name).c_str(), &st) != 0 && errno == ENOENT;
+  };
   for (auto& s : v) {
     if (s.name == keep || (dir_writable && mine_to_remove(s.name))) {
       ev.total += s.bytes;
       mine.push_back(std::move(s));
-    } else {
+    } else if (!valid_entry_name(s.name)) {
+      ev.pinned += s.bytes;  // not smla's: never evicted (verify names it), and no failure of this eviction's
+    } else if (!vanished(s.name)) {  // (one another process removed since the scan is nothing to keep or report)
       ev.pinned += s.bytes;
       pinned.push_back(s.name);
     }
@@ -668,18 +734,20 @@ Evicted evict_to(const Root& r, const std::function<int64_t(int64_t)>& target_of
     if (ev.total <= max_bytes) break;
     if (s.name == keep) continue;
     std::string err;
-    if (!remove_entry(r, s.name, &err)) {
+    bool was_gone = false;
+    if (!remove_entry(r, s.name, &err, &was_gone)) {
       ev.failed.push_back(err);
       ev.total -= s.bytes;  // (as the entries it knew it could not remove)
       ev.pinned += s.bytes;
       continue;
     }
     ev.total -= s.bytes;
-    ev.removed.push_back(s.name);
+    if (!was_gone) ev.removed.push_back(s.name);  // (one another process removed first is not this one's eviction)
   }
   // Said only where they keep the directory over the bound (a prune to 0 names each).
   if (ev.total + ev.pinned > max_bytes)
-    for (const auto& n : pinned) ev.failed.push_back("cannot remove " + r.entry(n) + ": not writable by this user");
+    for (const auto& n : pinned)
+      if (!vanished(n)) ev.failed.push_back("cannot remove " + r.entry(n) + ": not writable by this user");
   return ev;
 }
 

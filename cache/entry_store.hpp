@@ -4,6 +4,8 @@
 //   .staging/{stage,trash,probe}.<host>.<pid>.<rand>/                in flight or being deleted
 // An entry's directory mtime is its LRU recency stamp (set explicitly on publish and on each hit).
 #pragma once
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -56,6 +58,10 @@ bool write_file(const std::string& path, const void* data, size_t n, bool inject
 /// such an entry is neither served nor deleted.
 bool read_file(const std::string& path, std::vector<uint8_t>* out, std::string* err,
                bool* missing = nullptr, bool* unavailable = nullptr);
+/// read_file() of `name` relative to the directory `dirfd` (AT_FDCWD: the working directory); `path` names it in
+/// messages.
+bool read_file_at(int dirfd, const std::string& name, const std::string& path, std::vector<uint8_t>* out,
+                  std::string* err, bool* missing = nullptr, bool* unavailable = nullptr);
 bool fsync_dir(const std::string& path);
 
 /// Sets a path's mtime to "now", strictly increasing within this process so LRU order is exact.
@@ -86,10 +92,13 @@ bool probe_publish(const Root& r, std::string* err);
 /// "<path> is a dangling symlink to <target>" for the first such path among `path` and its
 /// parents, else "".
 std::string dangling_symlink(const std::string& path);
+struct Loaded;
 /// Removes an entry so that nobody sees it half-deleted: rename into .staging, then delete.
-/// True when it is gone (or was already); false and *err when it could not be removed (e.g.
-/// another user's entry that is not writable by us).
-bool remove_entry(const Root& r, const std::string& name, std::string* err);
+/// True when it is gone (or was already: *was_gone); false and *err when it could not be removed (e.g.
+/// another user's entry that is not writable by us). `only`: the entry as load_entry() judged it; a directory
+/// published under the name since then (a good entry) is left in place.
+bool remove_entry(const Root& r, const std::string& name, std::string* err, bool* was_gone = nullptr,
+                  const Loaded* only = nullptr);
 /// This host's name as owner tags carry it ('/' and ' ' replaced; "host" when it has none).
 const std::string& host_name();
 /// "<host>.<pid>.<rand>": the tail of the names of this process's staging dirs and temp files
@@ -127,6 +136,8 @@ struct Loaded {
   std::string problem;
   std::vector<uint8_t> binary;
   nlohmann::json manifest;
+  dev_t dev = 0;  ///< the directory read (0 0: none was opened), for remove_entry's `only`
+  ino_t ino = 0;
 };
 /// Checks manifest (format, recomputed key digest == `digest`), source and binary (size and
 /// checksum, binary non-empty).

@@ -254,6 +254,49 @@ TEST(DiskCache, LookupFindsWhatIsCachedAndCompilesNothing) {
   EXPECT_EQ(kept->origin, Origin::Memory);
 }
 
+// A bad entry that appears under the key's name while the kernel compiles (a copy in progress, a file) was taken for
+// another process's publish of the key: "published", the bad entry left for the next load to delete and recompile. It
+// is replaced now; a good one there is kept (the lost race).
+TEST(DiskCache, APublishReplacesABadEntryInItsWayAndKeepsAGoodOne) {
+  TempDir t;
+  DiskCache cache(settings_for(t));
+  KeyFields f = fields("k0"), g = fields("k1");
+  const std::string fe = t / ("cache/entries/" + make_key(f).entry_name());
+  auto plant_bad_dir = [&] {
+    fs::create_directories(fe);
+    std::ofstream(fe + "/kernel.bin") << "junk";
+    return CompileOutput{payload(f), ""};
+  };
+  EXPECT_EQ(cache.get_or_compile(f, plant_bad_dir).origin, Origin::Compiled);
+  EXPECT_EQ(cache.stats().publish_failures, 0);
+  DiskCache again(settings_for(t));
+  FakeCompiler c;
+  Fetched r = again.get_or_compile(f, c.fn(f));
+  EXPECT_EQ(r.origin, Origin::Disk) << "the bad entry stayed";
+  EXPECT_EQ(r.binary, payload(f));
+  const std::string ge = t / ("cache/entries/" + make_key(g).entry_name());
+  auto plant_file = [&] {
+    std::ofstream(ge) << "a file";
+    return CompileOutput{payload(g), ""};
+  };
+  EXPECT_EQ(cache.get_or_compile(g, plant_file).origin, Origin::Compiled);
+  EXPECT_EQ(cache.stats().publish_failures, 0) << "a file in the way failed the publish";
+  EXPECT_EQ(again.get_or_compile(g, c.fn(g)).origin, Origin::Disk);
+  // A good entry of the key published meanwhile (another process's) is kept: a lost race, no failure.
+  KeyFields h = fields("k2");
+  Settings no_lock = settings_for(t);
+  no_lock.lock = false;  // (this process holds the key's lock while `compile` runs)
+  DiskCache other(no_lock);
+  auto publish_elsewhere = [&] {
+    other.get_or_compile(h, c.fn(h));
+    return CompileOutput{payload(h), ""};
+  };
+  EXPECT_EQ(cache.get_or_compile(h, publish_elsewhere).origin, Origin::Compiled);
+  EXPECT_EQ(cache.stats().publish_failures, 0);
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_EQ(again.get_or_compile(h, c.fn(h)).origin, Origin::Disk);
+}
+
 // A node whose clock ran ahead dates its entries in the future: such an entry sorts as the least recently used (it
 // stayed the most recent for ever, and the entries really used went first).
 TEST(DiskCache, EvictionTakesAnEntryDatedInTheFutureFirst) {

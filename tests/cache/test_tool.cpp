@@ -74,6 +74,46 @@ TEST(Tool, PruneKeepsNewestAndClearEmpties) {
   EXPECT_TRUE(entry_names(t / "c").empty());
 }
 
+// Names in entries/ that smla did not make (a note, a user's directory) are never removed: clear deleted them (and
+// counted them), prune failed on them ("not writable by this user", exit 1).
+TEST(Tool, PruneAndClearLeaveWhatSmlaDidNotMake) {
+  TempDir t;
+  populate(t / "c", 3);
+  std::ofstream(t / "c/entries/NOTES.txt") << "mine";
+  fs::create_directories(t / "c/entries/my-stuff");
+  auto [rc, out] = tool(t / "c", "prune --max-bytes 0");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("evicted: 3 entries"), std::string::npos) << out;
+  populate(t / "c", 2);
+  auto [rc2, out2] = tool(t / "c", "clear");
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("removed: 2 entries"), std::string::npos) << out2;
+  EXPECT_TRUE(fs::exists(t / "c/entries/NOTES.txt"));
+  EXPECT_TRUE(fs::is_directory(t / "c/entries/my-stuff"));
+}
+
+// Prunes side by side: an entry another one removed first is neither "not writable by this user" (exit 1) nor
+// evicted twice (the counts summed past the entries there were).
+TEST(Tool, ConcurrentPrunesCountEachEntryOnceAndFailNothing) {
+  TempDir t;
+  populate(t / "c", 200);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 4; ++i)
+    pids.push_back(spawn({SMLA_CACHE_TOOL, "--dir", t / "c", "prune", "--max-bytes", "0"}, {},
+                         t / ("out" + std::to_string(i))));
+  int evicted = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(wait_exit(pids[i]), 0);
+    const std::string out = slurp(t / ("out" + std::to_string(i)));
+    EXPECT_EQ(out.find("rejected"), std::string::npos) << out;
+    const size_t at = out.find("evicted: ");
+    ASSERT_NE(at, std::string::npos) << out;
+    evicted += std::atoi(out.c_str() + at + 9);
+  }
+  EXPECT_EQ(evicted, 200);
+  EXPECT_TRUE(entry_names(t / "c").empty());
+}
+
 TEST(Tool, ExportImportRoundTrip) {
   TempDir t;
   populate(t / "a", 3);
