@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <system_error>
@@ -72,6 +73,32 @@ inline bool flush_stdout(const char* tool) {
 /// smla-warmup --out "$DIR" with DIR unset filled the user cache instead of the directory to ship.
 inline CLI::Validator non_empty_path() {
   return CLI::Validator([](std::string& s) { return s.empty() ? std::string("an empty path") : std::string(); }, "");
+}
+
+/// CLI11 drops the empty items of a comma-separated list option: "--arch sm_90a," or "--dq-impl 2,,3" ran as
+/// "sm_90a" and "2,3", a typo that named fewer items than meant, without a word. The first value of one of `names`
+/// (as "--name VALUE" or "--name=VALUE") with a comma at an end or two together, as a usage error's message; else "".
+inline std::string empty_list_item(int argc, char** argv, std::initializer_list<const char*> names) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;  // positionals from here
+    for (const char* n : names) {
+      const std::string name = n, eq = name + "=";
+      std::string v;
+      if (a == name && i + 1 < argc) v = argv[i + 1];
+      else if (a.compare(0, eq.size(), eq) == 0) v = a.substr(eq.size());
+      else continue;
+      if (!v.empty() && (v.front() == ',' || v.back() == ',' || v.find(",,") != std::string::npos))
+        return name + ": '" + v + "' has an empty item (a comma at an end, or two together)";
+    }
+  }
+  return "";
+}
+/// empty_list_item() said as CLI11 says a usage error; false when there is one (the tool exits 2).
+inline bool list_items_ok(int argc, char** argv, std::initializer_list<const char*> names) {
+  const std::string bad = empty_list_item(argc, argv, names);
+  if (!bad.empty()) std::fprintf(stderr, "%s\nRun with --help for more information.\n", bad.c_str());
+  return bad.empty();
 }
 
 /// The same for a value that is not a path (--shape "$SHAPE" with SHAPE unset ran the default shape).

@@ -437,6 +437,7 @@ int main(int argc, char** argv) {
   for (CLI::Option* opt : app.get_options())
     if (opt != backends && opt->get_name() != "--json" && opt->get_name() != "--help") backends->excludes(opt);
   SMLA_TOOL_PARSE(app, argc, argv);
+  if (!smla::tools::list_items_ok(argc, argv, {"--dq-impl", "--dkv-impl"})) return 2;
   if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); });
   return smla::tools::run_tool("smla-bench", [&] { return run(o); });
 }

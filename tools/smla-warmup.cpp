@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
       ->check(smla::tools::non_empty_path());
   no_tuned->excludes(tuning_db);  // one of the two was ignored, silently
   SMLA_TOOL_PARSE(app, argc, argv);
+  if (!smla::tools::list_items_ok(argc, argv, {"--arch"})) return 2;
   Request q;
   auto read = [&] {
     q = read_request(o);
