@@ -509,6 +509,12 @@ Fetched DiskCache::fetch(const KeyFields& f, const std::function<CompileOutput()
 
 // ---- maintenance (smla-cache) ----
 
+int64_t DiskCache::total_bytes() const {
+  int64_t n = 0;
+  for (const auto& s : scan_entries(impl_->user)) n += s.bytes;
+  return n;
+}
+
 std::vector<EntryInfo> DiskCache::list() const {
   std::vector<EntryInfo> v;
   int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(

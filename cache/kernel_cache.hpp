@@ -154,6 +154,7 @@ class DiskCache {
 
   // Maintenance, for smla-cache (user cache only). Never throw.
   std::vector<EntryInfo> list() const;
+  int64_t total_bytes() const;  ///< list()'s sizes summed, without reading any manifest
   std::vector<EntryInfo> verify() const;  ///< checks every entry; leaves them in place
   /// Checks the entries `listed` (list()'s); one removed since (a clear, prune or eviction elsewhere) is left out.
   std::vector<EntryInfo> verify(std::vector<EntryInfo> listed) const;

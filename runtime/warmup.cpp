@@ -412,8 +412,7 @@ WarmupResult warm_kernels(const std::vector<Problem>& problems, const std::vecto
   // bound evicts its least recently used entries, warmed ones among them, at its first publish. Said here, where the
   // size is made (it was silent: the first job of another shape deleted kernels the warm-up was run for).
   if (env_cache.max_bytes > 0) {
-    int64_t total = 0;
-    for (const cache::EntryInfo& e : disk.list()) total += e.bytes;
+    const int64_t total = disk.total_bytes();
     if (total > env_cache.max_bytes)
       log().warn("warm-up: {} now holds {} bytes, over SMLA_CACHE_MAX_BYTES = {}: a job using it under that bound "
                  "evicts least recently used entries, warmed ones among them, when it publishes a kernel; raise the "

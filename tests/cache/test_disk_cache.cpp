@@ -202,6 +202,7 @@ TEST(DiskCache, EvictionKeepsTheMostRecentlyUsed) {
   };
   EXPECT_EQ(names(), (std::vector<std::string>{"k0", "k2", "k3"}));
   EXPECT_LE(total_bytes(cache), s.max_bytes);
+  EXPECT_EQ(cache.total_bytes(), total_bytes(cache)) << "the size alone differs from list()'s";
   EXPECT_EQ(get(2), Origin::Disk);
   get(4);
   EXPECT_EQ(names(), (std::vector<std::string>{"k2", "k3", "k4"}));
