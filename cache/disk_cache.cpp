@@ -361,9 +361,13 @@ Fetched DiskCache::fetch(const KeyFields& f, const std::function<CompileOutput()
   // user cache we cannot write.
   bool stuck = false;  // a bad user entry stays in place: publishing would "lose" to it
   std::string stuck_err;
+  // lookup() (`found`) only finds: an entry it cannot use is left as it is, unsaid and uncounted, for the
+  // get_or_compile() that follows it to judge once (plan()'s second pass said every warning twice).
+  const bool judge = !found;
   auto try_root = [&](const Root& r, bool owned, Fetched* out) {
     Loaded L = load_entry(r.entry(name), k.digest);
     if (L.missing) return false;
+    if (!judge && (L.unavailable || !L.ok)) return false;
     if (L.unavailable) {
       // Not read, for a reason outside the entry (too many open files, an I/O error, no permission): no verdict on
       // it, so it stays for the processes that can read it. This one compiles: a user-cache entry's binary is kept in
@@ -383,6 +387,7 @@ Fetched DiskCache::fetch(const KeyFields& f, const std::function<CompileOutput()
       out->binary = std::move(L.binary);
       return true;
     }
+    if (!judge) return false;
     // Say (and count) what actually happened to the entry.
     std::string what = "skipping it";
     if (owned && writable_ && remove_entry(r, name, &stuck_err, nullptr, &L)) {

@@ -465,12 +465,16 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
   Loaded L;
   // The files are read through the directory opened once: read by path, a manifest not found because the entry was
   // not published yet (or was just evicted) and a directory found there a moment later (another process's publish)
-  // read as a directory without a manifest, "corrupt", and the good entry was deleted.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  // read as a directory without a manifest, "corrupt", and the good entry was deleted. The name's own identity (a
+  // symlinked entry's link: a system cache may be a forest of them) is what remove_entry(only) compares.
+  struct stat name_st {};
+  if (::lstat(dir.c_str(), &name_st) == 0) L.dev = name_st.st_dev, L.ino = name_st.st_ino;
+  // O_PATH: search permission on the entry is enough, as for reads by path (O_RDONLY needed read permission too).
+  const int dfd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
     const int e = errno;
-    L.missing = e == ENOENT;  // no entry: a miss
-    L.unavailable = !(e == ENOENT || e == ELOOP || e == ENOTDIR);  // (a link or a file is a verdict on the entry)
+    L.missing = e == ENOENT;  // no entry (a dangling link too: the entry it named is gone): a miss
+    L.unavailable = !(e == ENOENT || e == ELOOP || e == ENOTDIR);  // (a file is a verdict on the entry)
     L.problem = L.missing ? "missing" : "cannot open " + dir + ": " + errno_text(e);
     return L;
   }
@@ -479,24 +483,28 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
     ~DirFd() { ::close(fd); }
   } dir_fd{dfd};
   struct stat dst {};
-  if (::fstat(dfd, &dst) == 0) L.dev = dst.st_dev, L.ino = dst.st_ino;
-  // A file of the opened directory that is not there: the directory was removed since (an eviction, a clear) or
-  // replaced by a newer publish, a miss; still the one at `dir`, it was never published whole.
+  const bool have_dst = ::fstat(dfd, &dst) == 0;
+  // A file of the opened directory that cannot be read (not there, or ESTALE on a network file system) while the
+  // name no longer leads to that directory: removed since (an eviction, a clear, elsewhere) or replaced by a newer
+  // publish, a miss; still the one at `dir`, it was never published whole (or the failure is the reader's own).
   auto gone = [&] {
     struct stat now {};
-    return ::stat(dir.c_str(), &now) != 0 || now.st_ino != dst.st_ino || now.st_dev != dst.st_dev;
+    return !have_dst || ::stat(dir.c_str(), &now) != 0 || now.st_ino != dst.st_ino || now.st_dev != dst.st_dev;
   };
-  auto read = [&](const char* file, std::vector<uint8_t>* out, std::string* err, bool* missing) {
-    return read_file_at(dfd, file, dir + "/" + file, out, err, missing, &L.unavailable);
+  auto read = [&](const char* file, std::vector<uint8_t>* out, std::string* err, const char* what) {
+    bool missing = false;
+    if (read_file_at(dfd, file, dir + "/" + file, out, err, &missing, &L.unavailable)) return true;
+    if (gone()) {
+      L.missing = true, L.unavailable = false;
+      L.problem = "missing";
+    } else {
+      L.problem = std::string("unreadable ") + what + " (" + *err + ")";
+    }
+    return false;
   };
   std::vector<uint8_t> bytes;
   std::string err;
-  bool missing = false;
-  if (!read(kManifest, &bytes, &err, &missing)) {
-    L.missing = missing && gone();
-    L.problem = L.missing ? "missing" : "unreadable manifest (" + err + ")";
-    return L;
-  }
+  if (!read(kManifest, &bytes, &err, "manifest")) return L;
   try {
     auto j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
@@ -524,20 +532,12 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
       return L;
     }
     std::vector<uint8_t> src;
-    if (!read(kSource, &src, &err, &missing)) {
-      L.missing = missing && gone();
-      L.problem = L.missing ? "missing" : "unreadable source (" + err + ")";
-      return L;
-    }
+    if (!read(kSource, &src, &err, "source")) return L;
     if (int64_t(src.size()) != num(j, "source_bytes") || hash_hex(src.data(), src.size()) != str(j, "source_xxh3")) {
       L.problem = "source does not match its manifest";
       return L;
     }
-    if (!read(kBinary, &L.binary, &err, &missing)) {
-      L.missing = missing && gone();
-      L.problem = L.missing ? "missing" : "unreadable binary (" + err + ")";
-      return L;
-    }
+    if (!read(kBinary, &L.binary, &err, "binary")) return L;
     int64_t want = num(j, "binary_bytes");
     if (L.binary.empty() || int64_t(L.binary.size()) != want) {
       L.problem = "binary has " + std::to_string(L.binary.size()) + " bytes, manifest says " +
@@ -633,8 +633,14 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
     std::string digest;
     valid_entry_name(name, &digest);
     const Loaded there = load_entry(dst, digest);
-    std::string rm_err;
-    if (!there.ok && !there.unavailable && (there.missing || remove_entry(r, name, &rm_err, nullptr, &there))) {
+    // Good, or not to be judged from here (unreadable for a reason outside it): another process's publish.
+    bool lost = there.ok || there.unavailable;
+    if (!lost) {
+      std::string rm_err;
+      if (!there.missing && !remove_entry(r, name, &rm_err, nullptr, &there)) {
+        *err = "a bad entry holds " + dst + " and " + rm_err;
+        return fail(stage);
+      }
       if (::rename(stage.c_str(), dst.c_str()) == 0) {
         fsync_dir(r.entries());
         touch(dst);
@@ -642,15 +648,12 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
         return true;
       }
       e_no = errno;
+      lost = e_no == EEXIST || e_no == ENOTEMPTY;  // another publish took the name in between
     }
-    if (there.ok || e_no == EEXIST || e_no == ENOTEMPTY) {
+    if (lost) {
       *lost_race = true;  // another process published the same key first: that is success
       fail(stage);
       return true;
-    }
-    if (!rm_err.empty()) {
-      *err = "a bad entry holds " + dst + " and " + rm_err;
-      return fail(stage);
     }
   }
   *err = "cannot rename " + stage + " to " + dst + ": " + errno_text(e_no);

@@ -141,8 +141,9 @@ class DiskCache {
                          const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
 
   /// get_or_compile() without the compile: the binary in memory or a verified, accepted entry of the user or system
-  /// cache (a hit refreshes its recency, as there), else nothing, at once: no lock is taken or waited for. A bad
-  /// entry is handled as there (deleted, or kept and skipped).
+  /// cache (a hit refreshes its recency, as there), else nothing: no cross-process lock is taken or waited for (only
+  /// this process's per-key mutex, held by a get_or_compile of the key in another thread). An entry it cannot use
+  /// (damaged, refused, unreadable) is left as it is, unsaid: the get_or_compile() that follows judges it.
   std::optional<Fetched> lookup(const KeyFields& f, const std::function<bool(const std::vector<uint8_t>&)>& accept = {});
 
   Stats stats() const;

@@ -81,10 +81,11 @@ struct Span {
   uintptr_t lo = 0, hi = 0;
 };
 
-// Strides may say anything: a span that ends past 2^57 (no process's addresses reach that far: x86-64's five-level
-// paging gives 2^56, AArch64 2^52; a stride of 2^60 elements overflowed int64 here, undefined behaviour, and the
-// overlap checks then ran on a wrapped interval; one of 2^59 was blamed as an overlap with the workspace) is refused
-// by name, as a stride.
+// Strides may say anything: a span of more than 2^57 bytes (no process's addresses span that much: x86-64's
+// five-level paging gives 2^56, AArch64 2^52; a stride of 2^60 elements overflowed int64 here, undefined behaviour,
+// and the overlap checks then ran on a wrapped interval; one of 2^59 was blamed as an overlap with the workspace) is
+// refused by name, as a stride. The bound is on the span, not on where it ends: a pointer may carry a tag in its top
+// byte (AArch64 MTE and HWASan, x86 LAM).
 constexpr __int128 kMaxSpanBytes = __int128(1) << 57;
 
 Span span_of(const char* name, const void* ptr, int64_t n_t, int64_t st, int64_t n_h, int64_t sh, int64_t row,
@@ -92,9 +93,8 @@ Span span_of(const char* name, const void* ptr, int64_t n_t, int64_t st, int64_t
   Span s{name, reinterpret_cast<uintptr_t>(ptr), reinterpret_cast<uintptr_t>(ptr)};
   if (!ptr) return s;
   const __int128 bytes = (__int128(n_t - 1) * st + __int128(n_h - 1) * sh + row) * __int128(elem);
-  if (bytes > kMaxSpanBytes || __int128(s.lo) + bytes > kMaxSpanBytes)
-    arg_error(name, "strides whose rows fit in memory (they reach past 2^57 bytes of address space)",
-              Status::InvalidArgument);
+  if (bytes > kMaxSpanBytes || __int128(s.lo) + bytes > __int128(UINTPTR_MAX))
+    arg_error(name, "strides whose rows fit in memory (they span more than 2^57 bytes)", Status::InvalidArgument);
   s.hi = s.lo + static_cast<uintptr_t>(bytes);
   return s;
 }

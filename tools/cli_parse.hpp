@@ -84,12 +84,14 @@ inline std::string empty_list_item(int argc, char** argv, std::initializer_list<
     if (a == "--") break;  // positionals from here
     for (const char* n : names) {
       const std::string name = n, eq = name + "=";
-      std::string v;
-      if (a == name && i + 1 < argc) v = argv[i + 1];
-      else if (a.compare(0, eq.size(), eq) == 0) v = a.substr(eq.size());
-      else continue;
-      if (!v.empty() && (v.front() == ',' || v.back() == ',' || v.find(",,") != std::string::npos))
-        return name + ": '" + v + "' has an empty item (a comma at an end, or two together)";
+      std::vector<std::string> values;  // "--name A B,C": CLI11 takes every value up to the next option
+      if (a == name)
+        for (int j = i + 1; j < argc && argv[j][0] != '-'; ++j) values.push_back(argv[j]);
+      else if (a.compare(0, eq.size(), eq) == 0)
+        values.push_back(a.substr(eq.size()));
+      for (const std::string& v : values)
+        if (!v.empty() && (v.front() == ',' || v.back() == ',' || v.find(",,") != std::string::npos))
+          return name + ": '" + v + "' has an empty item (a comma at an end, or two together)";
     }
   }
   return "";

@@ -129,6 +129,72 @@ TEST(CorruptionReadOnly, SkippedNotServed) {
 // A manifest that cannot be opened for a reason outside the entry (here: this process is out of file descriptors, as
 // a training job at its ulimit is) says nothing about the entry: it is left for the processes that can read it, and
 // this one compiles into memory. It used to be "unreadable manifest": deleted, for every rank of the job.
+// An entry that is a symbolic link to a good directory (a system cache made as a forest of links, as Nix and Spack
+// views make them) is served, verified, and not damage; removing a bad one removes the link, not what it names.
+TEST(EntryAccess, ALinkedEntryIsServedAndOnlyTheLinkIsEverRemoved) {
+  TempDir t;
+  KeyFields f = fields("k0"), g = fields("k1");
+  FakeCompiler c;
+  {
+    DiskCache warm(settings_for(t, "store"));
+    warm.get_or_compile(f, c.fn(f));
+    warm.get_or_compile(g, c.fn(g));
+  }
+  fs::create_directories(t / "sys/entries");
+  for (const KeyFields* k : {&f, &g}) {
+    const std::string name = make_key(*k).entry_name();
+    fs::create_symlink(t / ("store/entries/" + name), t / ("sys/entries/" + name));
+  }
+  Settings s = settings_for(t);
+  s.system_dir = t / "sys";
+  {
+    LogCapture logs;
+    DiskCache cache(s);
+    EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).origin, Origin::SystemDisk);
+    EXPECT_EQ(logs.count("corrupt"), 0) << logs.text();
+  }
+  auto [rc, out] = run_cmd(std::string(SMLA_CACHE_TOOL) + " --dir " + (t / "sys") + " verify");
+  EXPECT_EQ(rc, 0) << out;
+  // In the user cache: a link to a damaged entry is removed as damage, the directory it names left alone.
+  const std::string gname = make_key(g).entry_name();
+  fs::create_directories(t / "user/entries");
+  fs::create_symlink(t / ("store/entries/" + gname), t / ("user/entries/" + gname));
+  std::ofstream(t / ("store/entries/" + gname + "/kernel.bin"), std::ios::trunc) << "damaged";
+  Settings u = settings_for(t, "user");
+  DiskCache user(u);
+  EXPECT_EQ(user.get_or_compile(g, c.fn(g)).origin, Origin::Compiled);
+  EXPECT_TRUE(fs::is_directory(t / ("store/entries/" + gname))) << "the linked directory was deleted";
+  EXPECT_FALSE(fs::is_symlink(t / ("user/entries/" + gname)));
+  EXPECT_EQ(DiskCache(u).get_or_compile(g, c.fn(g)).origin, Origin::Disk);
+}
+
+// Entries a user may search but not list (mode 0711: another user's, in a shared cache) are read as their files
+// always were: opening the entry's directory to read it needed read permission, and such entries were "unreadable".
+TEST(EntryAccess, AnEntryThatMayOnlyBeSearchedIsRead) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user (CI runs as root)";
+  TempDir t;
+  KeyFields f = fields("k0");
+  {
+    FakeCompiler c;
+    DiskCache(settings_for(t)).get_or_compile(f, c.fn(f));
+  }
+  ASSERT_EQ(::chmod(t.path.c_str(), 0755), 0);
+  const std::string e = t / ("cache/entries/" + make_key(f).entry_name());
+  ASSERT_EQ(::chmod(e.c_str(), 0711), 0);
+  Settings s = settings_for(t);
+  s.readonly = true;
+  s.lock = false;
+  EXPECT_EQ(run_as(54321, 54320, [&] {
+              DiskCache cache(s);
+              FakeCompiler c;
+              const Fetched r = cache.get_or_compile(f, c.fn(f));
+              return r.origin == Origin::Disk && c.calls == 0 ? std::string()
+                                                              : "not served from disk (" +
+                                                                    std::string(origin_name(r.origin)) + ")";
+            }),
+            "");
+}
+
 TEST(EntryAccess, TooManyOpenFilesLeavesAGoodEntryInPlace) {
 #if defined(__SANITIZE_ADDRESS__)
   // (the sanitizers' runtimes need descriptors of their own: without any, UBSan misreported spdlog's formatter as an

@@ -242,10 +242,19 @@ TEST(DiskCache, LookupFindsWhatIsCachedAndCompilesNothing) {
   std::optional<Fetched> from_sys = cache.lookup(sys_only);
   ASSERT_TRUE(from_sys.has_value());
   EXPECT_EQ(from_sys->origin, Origin::SystemDisk);
-  // A binary the driver refuses is no hit, and is deleted as get_or_compile deletes it.
-  EXPECT_FALSE(cache.lookup(k2, [](const std::vector<uint8_t>&) { return false; }).has_value());
-  EXPECT_FALSE(cache.lookup(k2).has_value());
-  EXPECT_EQ(c.calls, 4) << "lookup compiled";
+  // A binary the driver refuses is no hit; the entry is left, unsaid, for the get_or_compile that follows to judge
+  // (which deletes it and compiles).
+  {
+    LogCapture logs;
+    EXPECT_FALSE(cache.lookup(k2, [](const std::vector<uint8_t>&) { return false; }).has_value());
+    EXPECT_EQ(logs.text(), "");
+  }
+  EXPECT_TRUE(cache.lookup(k2).has_value());
+  EXPECT_EQ(cache.stats().corrupt_replaced, 0);
+  EXPECT_EQ(cache.get_or_compile(k2, c.fn(k2), [](const std::vector<uint8_t>&) { return false; }).origin,
+            Origin::Compiled);
+  EXPECT_EQ(cache.stats().corrupt_replaced, 1);
+  EXPECT_EQ(c.calls, 5) << "lookup compiled";  // k9, k0, k1, k2 and k2 again after its refusal
   Settings off = settings_for(t);
   off.disable = true;
   DiskCache mem(off);
