@@ -125,10 +125,6 @@ TEST(CorruptionReadOnly, SkippedNotServed) {
   EXPECT_EQ(log.count("keeping it"), 1) << log.text();
 }
 
-
-// A manifest that cannot be opened for a reason outside the entry (here: this process is out of file descriptors, as
-// a training job at its ulimit is) says nothing about the entry: it is left for the processes that can read it, and
-// this one compiles into memory. It used to be "unreadable manifest": deleted, for every rank of the job.
 // An entry that is a symbolic link to a good directory (a system cache made as a forest of links, as Nix and Spack
 // views make them) is served, verified, and not damage; removing a bad one removes the link, not what it names.
 TEST(EntryAccess, ALinkedEntryIsServedAndOnlyTheLinkIsEverRemoved) {
@@ -195,6 +191,9 @@ TEST(EntryAccess, AnEntryThatMayOnlyBeSearchedIsRead) {
             "");
 }
 
+// A manifest that cannot be opened for a reason outside the entry (here: this process is out of file descriptors, as
+// a training job at its ulimit is) says nothing about the entry: it is left for the processes that can read it, and
+// this one compiles into memory. It used to be "unreadable manifest": deleted, for every rank of the job.
 TEST(EntryAccess, TooManyOpenFilesLeavesAGoodEntryInPlace) {
 #if defined(__SANITIZE_ADDRESS__)
   // (the sanitizers' runtimes need descriptors of their own: without any, UBSan misreported spdlog's formatter as an
