@@ -438,6 +438,6 @@ int main(int argc, char** argv) {
     if (opt != backends && opt->get_name() != "--json" && opt->get_name() != "--help") backends->excludes(opt);
   SMLA_TOOL_PARSE(app, argc, argv);
   if (!smla::tools::list_items_ok(argc, argv, {"--dq-impl", "--dkv-impl"})) return 2;
-  if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); });
-  return smla::tools::run_tool("smla-bench", [&] { return run(o); });
+  if (o.backends) return smla::tools::run_tool("smla-bench", [&] { return print_backends(o.json); }, 2, o.json);
+  return smla::tools::run_tool("smla-bench", [&] { return run(o); }, 2, o.json);
 }

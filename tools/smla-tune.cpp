@@ -421,5 +421,5 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "one JSON object on stdout (progress stays on stderr)");
   app.add_option("--seed", o.seed, "random seed of the inputs")->transform(smla::tools::decimal(o.seed));
   SMLA_TOOL_PARSE(app, argc, argv);
-  return smla::tools::run_tool("smla-tune", [&] { return run(o); });
+  return smla::tools::run_tool("smla-tune", [&] { return run(o); }, 2, o.json);
 }

@@ -244,6 +244,6 @@ int main(int argc, char** argv) {
     q = read_request(o);
     return 0;
   };
-  if (const int rc = smla::tools::run_tool("smla-warmup", read)) return rc;  // a usage error: 2
-  return smla::tools::run_tool("smla-warmup", [&] { return warm(o, q); }, /*thrown=*/1);
+  if (const int rc = smla::tools::run_tool("smla-warmup", read, 2, o.json)) return rc;  // a usage error: 2
+  return smla::tools::run_tool("smla-warmup", [&] { return warm(o, q); }, /*thrown=*/1, o.json);
 }

@@ -34,22 +34,30 @@ inline void set_one_shape(Problem& p, const std::string& text) {
 }
 
 /// body()'s exit code, `thrown` when it throws (2, could not run, unless the caller says the options were sound and
-/// the work failed: 1), and 2 when its output could not be written (flush_stdout).
+/// the work failed: 1), and 2 when its output could not be written (flush_stdout). With `json` (the tool's --json),
+/// what was thrown is also one JSON object on stdout, {"error": message, "status": name, "exit": code}: a script
+/// reading the tool's JSON got nothing at all from a failure before the work (an unwritable --out, no GPU).
 template <class Body>
-int run_tool(const char* name, Body&& body, int thrown = 2) {
+int run_tool(const char* name, Body&& body, int thrown = 2, bool json = false) {
   int rc = thrown;
+  std::string error, status;
   try {
     rc = body();
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s: %s (%s)\n", name, e.message().c_str(), status_name(e.status()));
+    error = e.message(), status = status_name(e.status());
+    std::fprintf(stderr, "%s: %s (%s)\n", name, error.c_str(), status.c_str());
   } catch (const std::bad_alloc&) {
+    error = "out of host memory (std::bad_alloc)", status = "internal error";
     std::fprintf(stderr,
                  "%s: out of host memory (std::bad_alloc): what this run needs does not fit here (for a tool that makes "
                  "tensors, the problem's inputs, reference and outputs: a smaller T or num_kv)\n",
                  name);
   } catch (const std::exception& e) {
+    error = e.what(), status = "internal error";
     std::fprintf(stderr, "%s: %s\n", name, e.what());
   }
+  if (json && !status.empty())
+    std::printf("%s\n", json_text({{"error", error}, {"status", status}, {"exit", rc}}).c_str());
   return flush_stdout(name) ? rc : 2;
 }
 
