@@ -468,14 +468,17 @@ Loaded load_entry(const std::string& dir, const std::string& digest) {
   // read as a directory without a manifest, "corrupt", and the good entry was deleted. The name's own identity (a
   // symlinked entry's link: a system cache may be a forest of them) is what remove_entry(only) compares.
   struct stat name_st {};
-  if (::lstat(dir.c_str(), &name_st) == 0) L.dev = name_st.st_dev, L.ino = name_st.st_ino;
+  const bool named = ::lstat(dir.c_str(), &name_st) == 0;
+  if (named) L.dev = name_st.st_dev, L.ino = name_st.st_ino;
   // O_PATH: search permission on the entry is enough, as for reads by path (O_RDONLY needed read permission too).
   const int dfd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
     const int e = errno;
-    L.missing = e == ENOENT;  // no entry (a dangling link too: the entry it named is gone): a miss
+    // No entry is a miss; a link to nothing is damage (as a miss, a publish could never rename over it).
+    const bool dangling = e == ENOENT && named && S_ISLNK(name_st.st_mode);
+    L.missing = e == ENOENT && !dangling;
     L.unavailable = !(e == ENOENT || e == ELOOP || e == ENOTDIR);  // (a file is a verdict on the entry)
-    L.problem = L.missing ? "missing" : "cannot open " + dir + ": " + errno_text(e);
+    L.problem = L.missing ? "missing" : dangling ? "a symbolic link to nothing" : "cannot open " + dir + ": " + errno_text(e);
     return L;
   }
   struct DirFd {
@@ -619,12 +622,13 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
   std::error_code ec;
   fs::create_directories(r.entries(), ec);
   std::string dst = r.entry(name);
-  if (::rename(stage.c_str(), dst.c_str()) == 0) {
+  auto placed = [&] {
     fsync_dir(r.entries());
     touch(dst);
     *bytes = int64_t(source.size() + binary.size() + m.size());  // as scan_entries counts it
     return true;
-  }
+  };
+  if (::rename(stage.c_str(), dst.c_str()) == 0) return placed();
   e_no = errno;
   if (e_no == EEXIST || e_no == ENOTEMPTY || e_no == ENOTDIR) {
     // Something holds the name: another process's publish of the same key (success: its entry is as good as this
@@ -641,12 +645,7 @@ bool publish_entry(const Root& r, const std::string& name, const nlohmann::json&
         *err = "a bad entry holds " + dst + " and " + rm_err;
         return fail(stage);
       }
-      if (::rename(stage.c_str(), dst.c_str()) == 0) {
-        fsync_dir(r.entries());
-        touch(dst);
-        *bytes = int64_t(source.size() + binary.size() + m.size());
-        return true;
-      }
+      if (::rename(stage.c_str(), dst.c_str()) == 0) return placed();
       e_no = errno;
       lost = e_no == EEXIST || e_no == ENOTEMPTY;  // another publish took the name in between
     }

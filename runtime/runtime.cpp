@@ -62,10 +62,11 @@ struct __attribute__((visibility("hidden"))) Runtime::Impl {
     return cpu_phase_kernels;
   }
 
-  // The kernel of `spec`: loaded by this Runtime, else from the disk cache, else (`compile`) compiled. Without
-  // `compile`, a kernel in neither is nullptr.
+  // The kernel of `spec`: loaded by this Runtime, else from the disk cache, else (`compile_missing`) compiled.
+  // Without `compile_missing`, a kernel in neither is nullptr.
   std::shared_ptr<LoadedKernel> get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,
-                                           const std::string& target, int device, PlanInfo& info, bool compile);
+                                           const std::string& target, int device, PlanInfo& info,
+                                           bool compile_missing);
 };
 
 std::shared_ptr<LoadedKernel> Runtime::Impl::get_kernel(Backend& be, const KernelSpec& spec, const ShapeInfo& s,

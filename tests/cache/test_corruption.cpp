@@ -162,6 +162,11 @@ TEST(EntryAccess, ALinkedEntryIsServedAndOnlyTheLinkIsEverRemoved) {
   EXPECT_TRUE(fs::is_directory(t / ("store/entries/" + gname))) << "the linked directory was deleted";
   EXPECT_FALSE(fs::is_symlink(t / ("user/entries/" + gname)));
   EXPECT_EQ(DiskCache(u).get_or_compile(g, c.fn(g)).origin, Origin::Disk);
+  // A link to nothing is damage, not a miss: a publish could never rename over it, and each process compiled again.
+  const std::string fname = make_key(f).entry_name();
+  fs::create_symlink(t / "nowhere", t / ("user/entries/" + fname));
+  EXPECT_EQ(DiskCache(u).get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  EXPECT_EQ(DiskCache(u).get_or_compile(f, c.fn(f)).origin, Origin::Disk);
 }
 
 // Entries a user may search but not list (mode 0711: another user's, in a shared cache) are read as their files
