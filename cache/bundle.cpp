@@ -64,6 +64,7 @@ BulkResult DiskCache::export_bundle(const std::string& file_named) const {
       char* real = ::realpath(file.c_str(), nullptr);
       if (!real) {
         r.error = file + " is a symbolic link to nothing (" + std::strerror(errno) + "): name the bundle's file itself";
+        r.refused = true;
         return r;
       }
       file = real;
@@ -72,6 +73,7 @@ BulkResult DiskCache::export_bundle(const std::string& file_named) const {
     if (::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
       r.error = file_named + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
                 ": not replaced by the bundle";
+      r.refused = true;
       return r;
     }
   }

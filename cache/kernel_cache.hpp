@@ -121,6 +121,7 @@ struct BulkResult {
   int64_t done = 0;
   std::vector<std::string> rejected;  ///< "name: reason"
   std::string error;                  ///< non-empty: the whole operation failed (message)
+  bool refused = false;               ///< `error` is a refusal of the caller's argument (nothing was tried)
 };
 
 class DiskCache {

@@ -42,6 +42,7 @@ int report(const char* what, const sc::BulkResult& r) {
   fmt::print("{}: {} entries\n", what, r.done);
   for (const auto& x : r.rejected) fmt::print(stderr, "rejected {}\n", x);
   if (!r.error.empty()) fmt::print(stderr, "error: {}\n", r.error);
+  if (r.refused) return 2;  // the argument itself (export's FILE a device, a FIFO, a directory): a usage error
   return r.error.empty() && r.rejected.empty() ? 0 : 1;
 }
 
@@ -79,16 +80,6 @@ int cache_main(int argc, char** argv) {
     }
     if (!exists && app.count("--dir") && !imp->parsed()) {
       fmt::print(stderr, "error: cache directory '{}' does not exist\n", s.dir);
-      return 2;
-    }
-    // An export replaces a regular file only (the library refuses the rest too; here it is a usage error, as for
-    // import): as root it replaced /dev/null itself.
-    if (exp->parsed() && std::filesystem::symlink_status(file, ec).type() != std::filesystem::file_type::not_found &&
-        !std::filesystem::is_regular_file(file, ec)) {
-      fmt::print(stderr, "error: bundle '{}': {}\n", file,
-                 !std::filesystem::exists(file, ec) ? "a symbolic link to nothing"
-                 : std::filesystem::is_directory(file, ec) ? "a directory"
-                                                           : "not a regular file (a device, a FIFO...): not replaced");
       return 2;
     }
     if (imp->parsed() && !std::filesystem::is_regular_file(file, ec)) {
