@@ -8,11 +8,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "entry_store.hpp"
 #include "test_util.hpp"
 
 namespace smla::cache::test {
 
-enum class Damage { Truncated, BitFlipped, ZeroLength, WrongKey, ManifestGarbage, NoBinary, ForgedDigest };
+enum class Damage {
+  Truncated, BitFlipped, ZeroLength, WrongKey, ManifestGarbage, NoBinary, ForgedDigest,
+  EmptyBinaryItsManifestAgrees,  // a zero-byte binary whose manifest says 0 bytes with that checksum
+  LinkedBinary,                  // kernel.bin a symbolic link to a copy of its own bytes, outside the entry
+};
 
 struct Case {
   Damage d;
@@ -39,6 +46,19 @@ static void damage(Damage d, const std::string& entry, const std::string& other_
       break;
     case Damage::ManifestGarbage: write(entry + "/manifest.json", "\x7f" "ELF garbage {"); break;
     case Damage::NoBinary: fs::remove(bin); break;
+    case Damage::EmptyBinaryItsManifestAgrees: {  // nothing a driver could load, however consistent the manifest
+      nlohmann::json j = nlohmann::json::parse(slurp(entry + "/manifest.json"));
+      j["binary_bytes"] = 0;
+      j["binary_xxh3"] = detail::hash_hex(std::string());
+      write(bin, "");
+      write(entry + "/manifest.json", j.dump(2));
+      break;
+    }
+    case Damage::LinkedBinary:  // the bytes would pass every check; a file of an entry is never followed out of it
+      write(entry + "/../../../elsewhere.bin", b);
+      fs::remove(bin);
+      fs::create_symlink("../../../elsewhere.bin", bin);
+      break;
     case Damage::ForgedDigest: {  // manifest claims this key's digest but describes another kernel
       std::string m = slurp(entry + "/manifest.json");
       size_t p = m.find("\"target\": \"sm_90a\"");
@@ -97,7 +117,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Corruption,
                                            Case{Damage::WrongKey, "WrongKey"},
                                            Case{Damage::ManifestGarbage, "ManifestGarbage"},
                                            Case{Damage::NoBinary, "NoBinary"},
-                                           Case{Damage::ForgedDigest, "ForgedDigest"}),
+                                           Case{Damage::ForgedDigest, "ForgedDigest"},
+                                           Case{Damage::EmptyBinaryItsManifestAgrees, "EmptyBinaryItsManifestAgrees"},
+                                           Case{Damage::LinkedBinary, "LinkedBinary"}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 // In read-only mode a bad entry cannot be deleted: it is skipped every time, never served.

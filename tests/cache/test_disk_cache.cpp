@@ -135,6 +135,21 @@ TEST(DiskCache, CompileErrorPropagatesAndPublishesNothing) {
   EXPECT_EQ(cache.get_or_compile(f, c.fn(f)).binary, payload(f)) << "the key is not poisoned";
 }
 
+// A compiler that "succeeds" with no bytes: nothing is published (an entry no driver could load, which every process
+// would then read as damage, delete and compile again); the result says why it was not stored.
+TEST(DiskCache, AnEmptyCompileIsNotPublished) {
+  TempDir t;
+  LogCapture log;
+  DiskCache cache(settings_for(t));
+  KeyFields f = fields("smla_dq");
+  Fetched r = cache.get_or_compile(f, [] { return CompileOutput{{}, "ptxas info: nothing"}; });
+  EXPECT_EQ(r.origin, Origin::Compiled);
+  EXPECT_TRUE(r.binary.empty());
+  EXPECT_NE(r.not_stored.find("empty binary"), std::string::npos) << r.not_stored;
+  EXPECT_TRUE(entry_names(t / "cache").empty()) << "an empty binary was published";
+  EXPECT_EQ(cache.stats().publish_failures, 1);
+}
+
 TEST(DiskCache, SystemCacheAfterUserCacheAndNeverWritten) {
   TempDir t;
   KeyFields f = fields("smla_dq"), g = fields("smla_dkv");

@@ -40,6 +40,10 @@ TEST(CacheKey, EveryInputChangesTheDigest) {
   add([](KeyFields& f) { f.shape_tag = "H64-K512-R512"; });
   // Field boundaries: moving text from one field to the next must not collide.
   add([](KeyFields& f) { f.options = {"-O3--std=c++17", "-DVARIANT=0"}; });
+  // A field's text holding the serialization's own separators and the next label (only the length prefix keeps
+  // these two apart: without it, both serialize as "kernel::k;shape::s;shape::;").
+  add([](KeyFields& f) { f.kernel = "k;shape::s", f.shape_tag = ""; });
+  add([](KeyFields& f) { f.kernel = "k", f.shape_tag = "s;shape::"; });
   std::set<std::string> seen{make_key(base).digest};
   for (size_t i = 0; i < v.size(); ++i)
     EXPECT_TRUE(seen.insert(make_key(v[i]).digest).second) << "mutation " << i << " kept the key";

@@ -339,6 +339,77 @@ TEST(Tool, AGarbageSizeInABundleAllocatesNothing) {
   EXPECT_EQ(count_dir(t / "dst/.staging"), 0u) << "the import left its staging";
 }
 
+// The little-endian u32 at `at` of a bundle's bytes, and its encoding.
+static size_t bundle_u32(const std::string& b, size_t at) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(b[at + i])) << (8 * i);
+  return size_t(v);
+}
+static std::string le_bytes(uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += char(uint8_t(v >> (8 * i)));
+  return s;
+}
+
+// A bundle's file names are not paths: an entry carrying a file the format does not know ("../../escaped", which
+// from the import's staging directory names a file in the cache directory itself) imports its own three files and
+// writes nothing else anywhere.
+TEST(Tool, ImportWritesOnlyAnEntrysOwnFiles) {
+  TempDir t;
+  std::string b;
+  const std::string bundle = exported_bundle(t, 1, &b);
+  const size_t count_at = 8 + 4 + bundle_u32(b, 8);
+  ASSERT_EQ(bundle_u32(b, count_at), 3u);
+  b.replace(count_at, 4, le_bytes(4, 4));
+  const std::string extra = "../../escaped";
+  b.insert(b.size() - 4, le_bytes(extra.size(), 4) + extra + le_bytes(5, 8) + "owned");  // before the end marker
+  std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b;
+  auto [rc, out] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(entry_names(t / "dst"), std::vector<std::string>{make_key(fields("k0")).entry_name()});
+  EXPECT_EQ(tool(t / "dst", "verify").first, 0);
+  for (const auto& e : fs::recursive_directory_iterator(t.path))
+    EXPECT_EQ(e.path().filename().string().find("escaped"), std::string::npos) << "written: " << e.path();
+}
+
+// An import over a local copy that is damaged puts the bundle's verified entry in its place.
+TEST(Tool, ImportReplacesADamagedLocalCopy) {
+  TempDir t;
+  std::string b;
+  const std::string bundle = exported_bundle(t, 2, &b);
+  populate(t / "dst", 1);  // k0, the same key as the bundle's k0
+  const std::string bin = t / ("dst/entries/" + make_key(fields("k0")).entry_name() + "/kernel.bin");
+  std::string local = slurp(bin);
+  local[local.size() / 2] ^= 0x01;
+  std::ofstream(bin, std::ios::binary | std::ios::trunc) << local;
+  ASSERT_EQ(tool(t / "dst", "verify").first, 1);
+  auto [rc, out] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(tool(t / "dst", "verify").first, 0) << "the damaged copy is still there";
+  const std::vector<uint8_t> want = payload(fields("k0"));
+  EXPECT_EQ(slurp(bin), std::string(want.begin(), want.end()));
+  EXPECT_EQ(entry_names(t / "dst").size(), 2u);
+}
+
+// An export takes only entries that verify: a damaged one is named (exit 1), and the bundle holds the others.
+TEST(Tool, ExportLeavesOutADamagedEntry) {
+  TempDir t;
+  populate(t / "a", 3);
+  const std::string bad = make_key(fields("k1")).entry_name();
+  const std::string bin = t / ("a/entries/" + bad + "/kernel.bin");
+  std::string bytes = slurp(bin);
+  bytes[bytes.size() / 2] ^= 0x01;
+  std::ofstream(bin, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string bundle = t / "b.smlacb";
+  auto [rc, out] = tool(t / "a", "export " + bundle);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("rejected " + bad), std::string::npos) << out;
+  auto [rc2, out2] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(entry_names(t / "dst"),
+            (std::vector<std::string>{make_key(fields("k0")).entry_name(), make_key(fields("k2")).entry_name()}));
+}
+
 TEST(Tool, TruncatedOrForeignBundleFails) {
   TempDir t;
   std::string b;
