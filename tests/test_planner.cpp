@@ -73,6 +73,10 @@ TEST(Planner, ValidatesEveryField) {
   expect_rejected(p, "scale", Status::InvalidArgument);
   p = seed_problem(), p.scale = -1e-10f;  // the value as given (it read -0.000000)
   expect_rejected(p, "Problem::scale = -1e-10:", Status::InvalidArgument);
+  p = seed_problem(), p.scale = 0.0f;  // C++'s scale is optional, so 0 is a value given, not the default: refused
+  expect_rejected(p, "Problem::scale = 0:", Status::InvalidArgument);
+  p = seed_problem(), p.scale = std::numeric_limits<float>::quiet_NaN();
+  expect_rejected(p, "scale", Status::InvalidArgument);
   p = seed_problem(), p.device = -1;
   expect_rejected(p, "device", Status::InvalidArgument);
   for (int b : {-1, 4}) {  // an smla_backend_t outside the enum, from C: a wrong option, not NoBackend
