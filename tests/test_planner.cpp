@@ -124,6 +124,13 @@ TEST(Planner, ChunkPairsAreCapped) {
   EXPECT_NO_THROW(check_chunk_count(s)) << s.t_chunks << " x " << s.n_chunks;
   p.t_chunk = 64, p.r_chunk = 16;  // 4096 x 512 pairs
   EXPECT_THROW(check_chunk_count(choose_shape(p, size_t(4) << 30)), Error);
+  // The cap itself is allowed, one pair more is not.
+  p = seed_problem();
+  p.topk = 16, p.r_chunk = 16, p.t_chunk = 1, p.T = kMaxChunkPairs;
+  validate_problem(p);
+  EXPECT_NO_THROW(check_chunk_count(choose_shape(p, size_t(4) << 30)));
+  p.T = kMaxChunkPairs + 1;
+  EXPECT_THROW(check_chunk_count(choose_shape(p, size_t(4) << 30)), Error);
 }
 
 // An explicit TileConfig is range-checked on every backend (the CPU backend, which has no tiles, accepted any).
