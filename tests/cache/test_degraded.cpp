@@ -2,7 +2,11 @@
 // right binary (from memory when the disk is unusable), warns, and never throws.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <errno.h>
+
 #include <algorithm>
+#include <atomic>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +18,19 @@
 #include "entry_store.hpp"
 
 #include "test_util.hpp"
+
+// fsync(2) of this test binary: libc's, unless a test asks every regular file's flush to fail with EIO (a disk that
+// took the bytes but cannot make them durable). Defined here, it is what the cache's code calls in this process.
+static std::atomic<bool> g_fsync_fails{false};
+extern "C" int fsync(int fd) {
+  struct stat st {};
+  if (g_fsync_fails && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    errno = EIO;
+    return -1;
+  }
+  static const auto real = reinterpret_cast<int (*)(int)>(::dlsym(RTLD_NEXT, "fsync"));
+  return real(fd);
+}
 
 namespace smla::cache::test {
 
@@ -304,6 +321,46 @@ TEST(Degraded, FullFilesystemInjected) {
   EXPECT_NE(got.not_stored.find("No space left"), std::string::npos) << "says why it is not on disk: " << got.not_stored;
 }
 
+
+// A file whose bytes were written but could not be flushed to disk is not published: after a crash it could be an
+// entry of zeros under a name that says it is whole. The kernel is kept in memory, and the reason said.
+TEST(Degraded, AFlushThatFailsPublishesNothing) {
+  TempDir t;
+  LogCapture log;
+  DiskCache cache(settings_for(t));
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  g_fsync_fails = true;
+  Fetched got = cache.get_or_compile(f, c.fn(f));
+  g_fsync_fails = false;
+  EXPECT_EQ(got.origin, Origin::Compiled);
+  EXPECT_EQ(got.binary, payload(f));
+  EXPECT_NE(got.not_stored.find("Input/output error"), std::string::npos) << got.not_stored;
+  EXPECT_TRUE(entry_names(t / "cache").empty()) << "published without its flush";
+  EXPECT_EQ(count_dir(t / "cache/.staging"), 0u) << "the failed staging was left";
+  EXPECT_EQ(cache.stats().publish_failures, 1);
+  // The flush working again, the next process publishes.
+  DiskCache next(settings_for(t));
+  EXPECT_EQ(next.get_or_compile(f, c.fn(f)).origin, Origin::Compiled);
+  EXPECT_EQ(entry_names(t / "cache").size(), 1u);
+}
+
+// The same for an export: a bundle that could not be flushed is not renamed into place (nor left as a temp file).
+TEST(Degraded, AnExportWhoseFlushFailsLeavesNoBundle) {
+  TempDir t;
+  DiskCache cache(settings_for(t));
+  KeyFields f = fields("smla_dq");
+  FakeCompiler c;
+  cache.get_or_compile(f, c.fn(f));
+  fs::create_directories(t / "out");
+  g_fsync_fails = true;
+  BulkResult r = cache.export_bundle(t / "out/b.smlacb");
+  g_fsync_fails = false;
+  EXPECT_NE(r.error.find("cannot flush"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("Input/output error"), std::string::npos) << r.error;
+  EXPECT_EQ(r.done, 0);
+  EXPECT_EQ(count_dir(t / "out"), 0u) << "a bundle or its temp file is there";
+}
 
 // A file size limit (ulimit -f, which batch schedulers pass on to jobs) below an entry's size: the entry is not
 // written, the kernel is kept in memory and the reason said. Written, the write past the limit raised SIGXFSZ, whose
