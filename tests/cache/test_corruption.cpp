@@ -218,6 +218,41 @@ TEST(EntryAccess, AnEntryThatMayOnlyBeSearchedIsRead) {
             "");
 }
 
+// A publish that finds its name taken, since its lookup, by an entry it cannot read (here one that appeared during the
+// compile, mode 0000) has no verdict on it: it is another process's publish, left in place, and this one's kernel is
+// the same. Judged bad, it was moved away or the publish failed saying a bad entry held the name.
+TEST(EntryAccess, APublishLeavesAnEntryItCannotReadInPlace) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user (root reads any entry; CI runs as root)";
+  TempDir t;
+  KeyFields f = fields("k0");
+  const std::string e = t / ("cache/entries/" + make_key(f).entry_name());
+  fs::create_directories(t / "cache/entries");
+  fs::create_directories(t / "cache/.staging");
+  for (const std::string& d : {t.path, t / "cache", t / "cache/entries", t / "cache/.staging"})
+    ASSERT_EQ(::chmod(d.c_str(), 0777), 0) << d;
+  Settings s = settings_for(t);
+  s.lock = false;
+  EXPECT_EQ(run_as(54321, 54320, [&] {
+              DiskCache cache(s);
+              if (!cache.writable()) return std::string("the cache is not writable for this user");
+              auto compile = [&] {  // meanwhile, the name is taken by an entry nobody here may read
+                fs::create_directories(e);
+                std::ofstream(e + "/manifest.json") << "{}";
+                ::chmod(e.c_str(), 0);
+                return CompileOutput{payload(f), ""};
+              };
+              const Fetched r = cache.get_or_compile(f, compile);
+              if (r.origin != Origin::Compiled || r.binary != payload(f)) return std::string("not compiled");
+              if (!r.not_stored.empty()) return "not stored: " + r.not_stored;
+              return std::string();
+            }),
+            "");
+  struct stat st {};
+  ASSERT_EQ(::stat(e.c_str(), &st), 0) << "the unreadable entry was removed";
+  EXPECT_EQ(st.st_mode & 07777, 0u) << "the unreadable entry was replaced";
+  EXPECT_EQ(count_dir(t / "cache/.staging"), 0u) << "the publish left its staging";
+}
+
 // A manifest that cannot be opened for a reason outside the entry (here: this process is out of file descriptors, as
 // a training job at its ulimit is) says nothing about the entry: it is left for the processes that can read it, and
 // this one compiles into memory. It used to be "unreadable manifest": deleted, for every rank of the job.
