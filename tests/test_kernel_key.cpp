@@ -72,6 +72,27 @@ TEST(KernelKey, EntriesOfOneSourceShareABinary) {
   }
 }
 
+// The in-process kernel map keys a kernel by its defines' names and values: two kernels of one stem that differ in one
+// define's value only (csr's radix digit width, which follows num_kv) are two kernels, not one loaded for both.
+TEST(KernelKey, EachDefineValueIsItsOwnKernel) {
+  KernelSpec a;
+  a.stem = "csr", a.entry = "smla_csr_count", a.defines = {{"CSR_RADIX_BITS", 5}, {"UNROLL", 4}};
+  KernelSpec b = a;
+  b.defines[0].second = 6;
+  EXPECT_NE(defines_id(a), defines_id(b));
+  EXPECT_NE(defines_tag(a), defines_tag(b));
+  // The planner's own pair: csr at two pool sizes.
+  Problem p;
+  p.T = 4096, p.H = 128, p.num_kv = 5120, p.topk = 512;
+  const auto small = cuda_phase_kernels(Phase::Csr, choose_shape(p, runtime_env().interm_budget));
+  p.num_kv = 70000;
+  const auto large = cuda_phase_kernels(Phase::Csr, choose_shape(p, runtime_env().interm_budget));
+  ASSERT_FALSE(small.empty());
+  ASSERT_FALSE(large.empty());
+  ASSERT_NE(small.front().defines, large.front().defines) << "the premise: csr's defines follow num_kv";
+  EXPECT_NE(defines_id(small.front()), defines_id(large.front()));
+}
+
 TEST(KernelKey, ANewTDoesNotChangeAnyKernel) {
   EXPECT_EQ(digests_for(4096, 128), digests_for(12288, 128));
   EXPECT_EQ(digests_for(1, 128), digests_for(777, 128));

@@ -86,6 +86,10 @@ TEST(TuningDb, BucketsAndClassKey) {
   EXPECT_NE(tuning_key("sm_90a", a, v), tuning_key("sm_90a", b, v));
   a.has_sink = b.has_sink = false;
   EXPECT_EQ(tuning_key("sm_90a", a, v), tuning_key("sm_90a", b, v));
+  // dkv in fp32 runs other kernels (and other tiles) than bf16: its own class.
+  Problem c = problem(4096), d = problem(4096);
+  d.dkv_fp32 = true;
+  EXPECT_NE(tuning_key("sm_90a", c, v), tuning_key("sm_90a", d, v));
 }
 
 TEST(TuningDb, RuntimeVersionFollowsTheKernelSources) {
