@@ -161,6 +161,34 @@ TEST(Api, OverlappingOutputsAreRejected) {
   }
 }
 
+// Tensors that touch end to start in one allocation share no byte: q's copy, then dq, dkv and d_sink, back to back,
+// are accepted and give the outputs of separate buffers (on the CPU backend, whose tensors are host memory).
+TEST(Api, TensorsBackToBackInOneBufferAreAccepted) {
+  const ref::Inputs in = make_case_inputs(kSmall, 31);
+  const Problem p = make_problem(BackendKind::Cpu, kSmall);
+  auto plan = shared_runtime().plan(p);
+  tools::CaseRunner cr(p, in);
+  void* ws = cr.poisoned_for_run(plan->workspace_bytes());
+  plan->run(cr.tensors(), ws, cr.workspace_size(), cr.stream());
+  const tools::Outputs want = cr.read_outputs();
+  const size_t q_b = size_t(kSmall.T) * kSmall.H * 512 * 2, dq_b = want.dq.size() * 2, dkv_b = want.dkv.size() * 2,
+               ds_b = want.d_sink.size() * 4;
+  ASSERT_EQ(dq_b, q_b);
+  ASSERT_GT(ds_b, 0u);
+  std::vector<uint8_t> buf(q_b + dq_b + dkv_b + ds_b, 0xAB);
+  std::memcpy(buf.data(), cr.tensors().q, q_b);
+  Tensors t = cr.tensors();
+  t.q = buf.data();
+  t.dq = buf.data() + q_b;
+  t.dkv = buf.data() + q_b + dq_b;
+  t.d_sink = reinterpret_cast<float*>(buf.data() + q_b + dq_b + dkv_b);
+  cr.poison_workspace();
+  ASSERT_NO_THROW(plan->run(t, ws, cr.workspace_size(), cr.stream()));
+  EXPECT_EQ(std::memcmp(buf.data() + q_b, want.dq.data(), dq_b), 0) << "dq";
+  EXPECT_EQ(std::memcmp(buf.data() + q_b + dq_b, want.dkv.data(), dkv_b), 0) << "dkv";
+  EXPECT_EQ(std::memcmp(buf.data() + q_b + dq_b + dkv_b, want.d_sink.data(), ds_b), 0) << "d_sink";
+}
+
 // A plan keeps its backend and kernels alive: destroyed Runtime, plan still runs (it read freed memory before).
 TEST(Api, PlanOutlivesItsRuntime) {
   for (BackendKind b : backends_here()) {
