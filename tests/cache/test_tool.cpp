@@ -114,6 +114,26 @@ TEST(Tool, ConcurrentPrunesCountEachEntryOnceAndFailNothing) {
   EXPECT_TRUE(entry_names(t / "c").empty());
 }
 
+// The same for clears: an entry another clear removed first is not counted again.
+TEST(Tool, ConcurrentClearsCountEachEntryOnce) {
+  TempDir t;
+  populate(t / "c", 200);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 4; ++i)
+    pids.push_back(spawn({SMLA_CACHE_TOOL, "--dir", t / "c", "clear"}, {}, t / ("out" + std::to_string(i))));
+  int removed = 0;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(wait_exit(pids[i]), 0);
+    const std::string out = slurp(t / ("out" + std::to_string(i)));
+    EXPECT_EQ(out.find("rejected"), std::string::npos) << out;
+    const size_t at = out.find("removed: ");
+    ASSERT_NE(at, std::string::npos) << out;
+    removed += std::atoi(out.c_str() + at + 9);
+  }
+  EXPECT_EQ(removed, 200);
+  EXPECT_TRUE(entry_names(t / "c").empty());
+}
+
 TEST(Tool, ExportImportRoundTrip) {
   TempDir t;
   populate(t / "a", 3);
