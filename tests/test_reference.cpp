@@ -187,6 +187,33 @@ TEST(Reference, CompareAndPoison) {
   c = compare(ref, got.data(), got.size());
   EXPECT_EQ(c.unwritten, 2u);
   EXPECT_FALSE(meets_bar(c));
+  // Fewer elements than the reference (or more) fail, whatever they hold.
+  const std::vector<float> exact = {1, -2, 3, 0.5f};
+  EXPECT_FALSE(meets_bar(compare(ref, exact.data(), 3)));
+  EXPECT_FALSE(compare(ref, exact.data(), 3).finite);
+}
+
+// The contract's bar at its edges: rel_err 1e-2 and cosine 0.9999 pass, just past either fails, as does a non-finite
+// or unwritten element however close the rest.
+TEST(Reference, TheBarAtItsEdges) {
+  auto bar = [](double rel, double cos, bool finite = true, size_t unwritten = 0) {
+    Compare c;
+    c.rel_err = rel, c.cosine = cos, c.finite = finite, c.unwritten = unwritten;
+    return meets_bar(c);
+  };
+  EXPECT_TRUE(bar(1e-2, 0.9999));
+  EXPECT_FALSE(bar(1.01e-2, 1.0));
+  EXPECT_FALSE(bar(1.5e-2, 1.0));
+  EXPECT_FALSE(bar(0, 0.99989));
+  EXPECT_FALSE(bar(0, 0.999));
+  EXPECT_FALSE(bar(0, 1.0, false));
+  EXPECT_FALSE(bar(0, 1.0, true, 1));
+  // Through compare(): an error of 1.5e-2 relative (one element of four off) fails.
+  const std::vector<double> ref = {1, 0, 0, 0};
+  const std::vector<float> got = {1.015f, 0, 0, 0};
+  const Compare c = compare(ref, got.data(), got.size());
+  EXPECT_NEAR(c.rel_err, 1.5e-2, 1e-4);
+  EXPECT_FALSE(meets_bar(c));
 }
 
 TEST(Reference, LseConventionsRoundTrip) {
