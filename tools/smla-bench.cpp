@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -261,9 +263,21 @@ int run(const Options& o) {
   // First run of each plan: the one checked (outputs were poisoned just before it).
   // Each on a poisoned workspace too: a plan after the first would otherwise start on what the one before left there
   // (P, dS, interm, the csr), and one that did not write some of it would pass on the other's.
+  // Test only (ctest SmlaBench.ACheckThatFailsExitsOne): SMLA_BENCH_TEST_FAULT=dq, dkv or d_sink makes that output of
+  // each checked run wrong (its first element NaN), =repeat makes the timed runs' outputs read as different, so that
+  // the test sees --check fail on each count. Named in no help text; it changes what is checked, never a kernel.
+  const char* fault_env = std::getenv("SMLA_BENCH_TEST_FAULT");
+  const std::string fault = fault_env ? fault_env : "";
+  auto read_outputs = [&] {  // (the same fault in the timed runs' outputs: only the output's own check sees it)
+    smla::tools::Outputs out = cr.read_outputs();
+    if (fault == "dq" && !out.dq.empty()) out.dq[0] = 0x7fc0;  // bf16 NaN
+    if (fault == "dkv" && !out.dkv.empty()) out.dkv[0] = 0x7fc0;
+    if (fault == "d_sink" && !out.d_sink.empty()) out.d_sink[0] = std::numeric_limits<float>::quiet_NaN();
+    return out;
+  };
   for (Case& c : cases) {
     c.plan->run(t, cr.poisoned_for_run(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
-    c.out = cr.read_outputs();
+    c.out = read_outputs();
   }
   stage("first_runs");
 
@@ -288,7 +302,8 @@ int run(const Options& o) {
   // other outputs on it.
   for (Case& c : cases) {
     c.plan->run(t, cr.poisoned_for_run(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
-    c.out_last = smla::tools::output_digests(cr.read_outputs());
+    c.out_last = smla::tools::output_digests(read_outputs());
+    if (fault == "repeat") c.out_last["dq"] = "0000000000000000";
   }
   stage("read_back");
   if (o.breakdown) {
