@@ -189,6 +189,29 @@ TEST(Api, TensorsBackToBackInOneBufferAreAccepted) {
   EXPECT_EQ(std::memcmp(buf.data() + q_b + dq_b + dkv_b, want.d_sink.data(), ds_b), 0) << "d_sink";
 }
 
+// The harness every output check stands on: poison_outputs() fills all three outputs (d_sink too) with the poison the
+// comparison counts as unwritten, and a write into a gap between strided rows is counted.
+TEST(Api, TheHarnessPoisonsEveryOutputAndCountsStrayWrites) {
+  const Problem p = make_problem(BackendKind::Cpu, kSmall);
+  ASSERT_TRUE(p.has_sink);
+  tools::CaseRunner cr(p, make_case_inputs(kSmall, 33), nullptr, tools::Layout::Strided);
+  cr.poison_outputs();
+  tools::Outputs o = cr.read_outputs();
+  ASSERT_EQ(o.d_sink.size(), size_t(kSmall.H));
+  for (uint16_t v : o.dq) ASSERT_EQ(v, ref::kPoisonBf16);
+  for (uint16_t v : o.dkv) ASSERT_EQ(v, ref::kPoisonBf16);
+  for (float v : o.d_sink) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    ASSERT_EQ(u, ref::kPoisonF32);
+  }
+  EXPECT_EQ(o.stray_writes, 0u);
+  const Tensors& t = cr.tensors();
+  ASSERT_GT(t.dq_stride_h, 512) << "the premise: a gap after each of dq's rows";
+  static_cast<uint16_t*>(t.dq)[512] = 0x3f80;  // just past token 0, head 0's row: 1.0, not the poison
+  EXPECT_EQ(cr.read_outputs().stray_writes, 1u);
+}
+
 // A plan keeps its backend and kernels alive: destroyed Runtime, plan still runs (it read freed memory before).
 TEST(Api, PlanOutlivesItsRuntime) {
   for (BackendKind b : backends_here()) {

@@ -214,6 +214,12 @@ TEST(Reference, TheBarAtItsEdges) {
   const Compare c = compare(ref, got.data(), got.size());
   EXPECT_NEAR(c.rel_err, 1.5e-2, 1e-4);
   EXPECT_FALSE(meets_bar(c));
+  // A reference that is all zero: anything nonzero, however small, fails (its cosine is 0).
+  const std::vector<double> zero(4, 0.0);
+  const std::vector<float> small = {0, 1e-3f, 0, 0};
+  EXPECT_FALSE(meets_bar(compare(zero, small.data(), small.size())));
+  const std::vector<float> none(4, 0.0f);
+  EXPECT_TRUE(meets_bar(compare(zero, none.data(), none.size())));
 }
 
 TEST(Reference, LseConventionsRoundTrip) {
