@@ -631,6 +631,42 @@ TEST(CApi, ReportsStatusAndMessage) {
   smla_runtime_destroy(rt);
 }
 
+// Every field of the C structs reaches the run: a base-2 lse without the sink, an fp32 dkv and every tensor strided,
+// through smla_problem_t and smla_tensors_t, on the CPU backend, against the float64 reference (each ignored field
+// gave wrong outputs or a stray write with SMLA_OK).
+TEST(CApi, EveryFieldOfTheStructsReachesTheRun) {
+  Case c{16, 16, 32, 64, 0, true, ref::TopkKind::Uniform};
+  c.lse = LseKind::Base2Excl, c.dkv_fp32 = true, c.strided = true;
+  const ref::Inputs in = make_case_inputs(c, 41);
+  const std::vector<float> lse = case_lse(c, in);
+  tools::CaseRunner cr(make_problem(BackendKind::Cpu, c), in, &lse, tools::Layout::Strided);
+  const Tensors& t = cr.tensors();
+  ASSERT_GT(t.dq_stride_h, 512) << "the premise: strided tensors";
+  smla_runtime_t* rt = nullptr;
+  ASSERT_EQ(smla_runtime_create(&rt), SMLA_OK);
+  smla_problem_t pb;
+  smla_problem_init(&pb);
+  pb.T = c.T, pb.H = c.H, pb.num_kv = c.num_kv, pb.topk = c.topk, pb.backend = SMLA_BACKEND_CPU;
+  pb.has_sink = 1, pb.lse_base2 = 1, pb.lse_excludes_sink = 1, pb.dkv_fp32 = 1;
+  smla_plan_t* plan = nullptr;
+  ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
+  smla_tensors_t ct = c_tensors(t);
+  ct.q_stride_t = t.q_stride_t, ct.q_stride_h = t.q_stride_h, ct.o_stride_t = t.o_stride_t;
+  ct.o_stride_h = t.o_stride_h, ct.do_stride_t = t.do_stride_t, ct.do_stride_h = t.do_stride_h;
+  ct.dq_stride_t = t.dq_stride_t, ct.dq_stride_h = t.dq_stride_h, ct.kv_stride = t.kv_stride;
+  ct.dkv_stride = t.dkv_stride, ct.lse_stride_t = t.lse_stride_t, ct.lse_stride_h = t.lse_stride_h;
+  ct.topk_stride = t.topk_stride;
+  ct.dkv_dtype = SMLA_DTYPE_F32;
+  void* ws = cr.workspace(ws_bytes);
+  cr.poison_outputs();
+  ASSERT_EQ(smla_plan_run(plan, &ct, ws, ws_bytes, nullptr), SMLA_OK) << smla_last_error();
+  check_against_reference(c, in, cr.read_outputs());  // the bar on dq, dkv (fp32) and d_sink; nothing between rows
+  smla_plan_destroy(plan);
+  smla_runtime_destroy(rt);
+}
+
 // The C API's edges: a NaN or infinite scale (either sign) is refused (it became the default), a struct_size that cuts a field is
 // refused (it read half of one), a call that succeeds clears the last error, a plan outlives its runtime, and the
 // library says its version.
