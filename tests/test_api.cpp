@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <gtest/gtest-spi.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -210,6 +211,79 @@ TEST(Api, TheHarnessPoisonsEveryOutputAndCountsStrayWrites) {
   ASSERT_GT(t.dq_stride_h, 512) << "the premise: a gap after each of dq's rows";
   static_cast<uint16_t*>(t.dq)[512] = 0x3f80;  // just past token 0, head 0's row: 1.0, not the poison
   EXPECT_EQ(cr.read_outputs().stray_writes, 1u);
+}
+
+// The failures `f` reports through gtest (fatal or not), captured instead of failing this test: their messages.
+std::string failures_of(const std::function<void()>& f) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    f();
+  }
+  std::string s;
+  for (int i = 0; i < results.size(); ++i) s += std::string(results.GetTestPartResult(i).message()) + "\n";
+  return s;
+}
+
+// The checks every e2e test stands on (check_against_reference, expect_same_bits) catch each kind of wrong output
+// that a whole tensor's bar lets through: one token's dq 8% off (of 128 tokens), one head's d_sink 1.5% of the
+// largest off (of 64 heads), a token with no valid slot not 0, a write between rows, one bit between two runs. Each
+// is made from a good run's outputs on the CPU, and the good outputs pass.
+TEST(Api, TheCheckerCatchesEachWrongOutputTheTensorBarMisses) {
+  Case c{128, 64, 160, 32, 0, true, ref::TopkKind::Uniform};
+  c.empty_rows = true;  // tokens 0 and 64: no valid slot
+  const ref::Inputs in = make_case_inputs(c, 43);
+  const Problem p = make_problem(BackendKind::Cpu, c);
+  auto plan = shared_runtime().plan(p);
+  const tools::Outputs good = run_case(*plan, p, c, in);
+  ASSERT_EQ(failures_of([&] { check_against_reference(c, in, good); }), "");
+  auto caught = [&](const tools::Outputs& bad, const std::string& what) {
+    const std::string f = failures_of([&] { check_against_reference(c, in, bad); });
+    EXPECT_NE(f.find(what), std::string::npos) << "not caught (" << what << "); reported: " << f;
+    for (const char* tensor : {"\ndq: rel_err", "\ndkv: rel_err", "\nd_sink: rel_err"})
+      EXPECT_EQ(f.find(tensor), std::string::npos) << "the premise: the whole tensor's bar passes it: " << f;
+  };
+  const size_t row = size_t(c.H) * 512;
+  {  // the largest token's dq, 8% too large
+    const ref::Grads g = ref::backward(in);
+    int worst = 0;
+    double best = -1;
+    for (int t = 0; t < c.T; ++t) {
+      double ss = 0;
+      for (size_t i = 0; i < row; ++i) ss += g.dq[t * row + i] * g.dq[t * row + i];
+      if (ss > best) best = ss, worst = t;
+    }
+    tools::Outputs bad = good;
+    for (size_t i = 0; i < row; ++i) {
+      uint16_t& b = bad.dq[size_t(worst) * row + i];
+      b = float_to_bf16(bf16_to_float(b) * 1.08f);
+    }
+    caught(bad, "dq of token " + std::to_string(worst) + ":");
+    // one head's d_sink, off by 1.5% of the largest head's
+    float largest = 0;
+    for (double v : g.d_sink) largest = std::max(largest, float(std::fabs(v)));
+    bad = good;
+    bad.d_sink[3] += 0.015f * largest;
+    caught(bad, "d_sink of head 3:");
+  }
+  {  // token 64 (no valid slot): one element not 0
+    tools::Outputs bad = good;
+    bad.dq[64 * row + 5] = 0x0001;
+    caught(bad, "dq of token 64 (no valid slot) is not 0");
+  }
+  {  // a write between the rows
+    tools::Outputs bad = good;
+    bad.stray_writes = 1;
+    caught(bad, "between the outputs' rows were written");
+  }
+  {  // one bit between two runs
+    tools::Outputs other = good;
+    other.dq[7] ^= 1;
+    const std::string f = failures_of([&] { expect_same_bits(good, other); });
+    EXPECT_NE(f.find("dq differs between two runs"), std::string::npos) << f;
+    EXPECT_EQ(failures_of([&] { expect_same_bits(good, good); }), "");
+  }
 }
 
 // A plan keeps its backend and kernels alive: destroyed Runtime, plan still runs (it read freed memory before).
