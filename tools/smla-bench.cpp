@@ -260,14 +260,18 @@ int run(const Options& o) {
   smla::Tensors& t = cr.tensors();
   const size_t nq = size_t(p.T) * p.H * 512, nkv = size_t(p.num_kv) * 512;
 
-  // First run of each plan: the one checked (outputs were poisoned just before it).
-  // Each on a poisoned workspace too: a plan after the first would otherwise start on what the one before left there
-  // (P, dS, interm, the csr), and one that did not write some of it would pass on the other's.
   // Test only (ctest SmlaBench.ACheckThatFailsExitsOne): SMLA_BENCH_TEST_FAULT=dq, dkv or d_sink makes that output of
   // each checked run wrong (its first element NaN), =repeat makes the timed runs' outputs read as different, so that
-  // the test sees --check fail on each count. Named in no help text; it changes what is checked, never a kernel.
+  // the test sees --check fail on each count. Named in no help text; it changes what is checked, never a kernel, and
+  // says so on stderr.
   const char* fault_env = std::getenv("SMLA_BENCH_TEST_FAULT");
   const std::string fault = fault_env ? fault_env : "";
+  if (!fault.empty()) {
+    if (fault != "dq" && fault != "dkv" && fault != "d_sink" && fault != "repeat")
+      throw smla::Error(smla::Status::InvalidArgument,
+                        "SMLA_BENCH_TEST_FAULT=" + fault + ": expected dq, dkv, d_sink or repeat (a test's fault)");
+    std::fprintf(stderr, "smla-bench: SMLA_BENCH_TEST_FAULT=%s: outputs made wrong on purpose (a test)\n", fault.c_str());
+  }
   auto read_outputs = [&] {  // (the same fault in the timed runs' outputs: only the output's own check sees it)
     smla::tools::Outputs out = cr.read_outputs();
     if (fault == "dq" && !out.dq.empty()) out.dq[0] = 0x7fc0;  // bf16 NaN
@@ -275,6 +279,9 @@ int run(const Options& o) {
     if (fault == "d_sink" && !out.d_sink.empty()) out.d_sink[0] = std::numeric_limits<float>::quiet_NaN();
     return out;
   };
+  // First run of each plan: the one checked (outputs were poisoned just before it).
+  // Each on a poisoned workspace too: a plan after the first would otherwise start on what the one before left there
+  // (P, dS, interm, the csr), and one that did not write some of it would pass on the other's.
   for (Case& c : cases) {
     c.plan->run(t, cr.poisoned_for_run(c.plan->workspace_bytes()), c.plan->workspace_bytes(), cr.stream());
     c.out = read_outputs();

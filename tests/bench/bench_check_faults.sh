@@ -24,5 +24,8 @@ out=$(SMLA_BENCH_TEST_FAULT=repeat "$bench" "${args[@]}" 2>&1); rc=$?
 [ "$rc" -eq 1 ] || fail "timed runs' outputs differing: exit $rc, expected 1"
 grep -q "differ from the first (checked) run's" <<<"$out" || fail "timed runs' outputs differing: not said: $out"
 [ "$(grep -c ' ok$' <<<"$out")" -eq 3 ] || fail "timed runs' outputs differing: the outputs' own checks changed: $out"
+out=$(SMLA_BENCH_TEST_FAULT=dqq "$bench" "${args[@]}" 2>&1); rc=$?
+[ "$rc" -eq 2 ] || fail "an unknown fault: exit $rc, expected 2 (a usage error): $out"
+grep -q "expected dq, dkv, d_sink or repeat" <<<"$out" || fail "an unknown fault: not named: $out"
 [ "$bad" -eq 0 ] && echo "every fault failed the check, and only its own"
 exit "$bad"
