@@ -612,6 +612,11 @@ smla_tensors_t c_tensors(const Tensors& t) {
   smla_tensors_init(&ct);
   ct.q = t.q, ct.kv = t.kv, ct.o = t.o, ct.dout = t.dout, ct.lse = t.lse, ct.topk = t.topk;
   ct.attn_sink = t.attn_sink, ct.dq = t.dq, ct.dkv = t.dkv, ct.d_sink = t.d_sink;
+  ct.q_stride_t = t.q_stride_t, ct.q_stride_h = t.q_stride_h, ct.o_stride_t = t.o_stride_t;
+  ct.o_stride_h = t.o_stride_h, ct.do_stride_t = t.do_stride_t, ct.do_stride_h = t.do_stride_h;
+  ct.dq_stride_t = t.dq_stride_t, ct.dq_stride_h = t.dq_stride_h, ct.kv_stride = t.kv_stride;
+  ct.dkv_stride = t.dkv_stride, ct.lse_stride_t = t.lse_stride_t, ct.lse_stride_h = t.lse_stride_h;
+  ct.topk_stride = t.topk_stride;
   return ct;
 }
 
@@ -726,12 +731,7 @@ TEST(CApi, EveryFieldOfTheStructsReachesTheRun) {
   ASSERT_EQ(smla_plan_create(rt, &pb, &plan), SMLA_OK) << smla_last_error();
   size_t ws_bytes = 0;
   ASSERT_EQ(smla_plan_workspace_bytes(plan, &ws_bytes), SMLA_OK);
-  smla_tensors_t ct = c_tensors(t);
-  ct.q_stride_t = t.q_stride_t, ct.q_stride_h = t.q_stride_h, ct.o_stride_t = t.o_stride_t;
-  ct.o_stride_h = t.o_stride_h, ct.do_stride_t = t.do_stride_t, ct.do_stride_h = t.do_stride_h;
-  ct.dq_stride_t = t.dq_stride_t, ct.dq_stride_h = t.dq_stride_h, ct.kv_stride = t.kv_stride;
-  ct.dkv_stride = t.dkv_stride, ct.lse_stride_t = t.lse_stride_t, ct.lse_stride_h = t.lse_stride_h;
-  ct.topk_stride = t.topk_stride;
+  smla_tensors_t ct = c_tensors(t);  // (every stride too)
   ct.dkv_dtype = SMLA_DTYPE_F32;
   void* ws = cr.workspace(ws_bytes);
   cr.poison_outputs();

@@ -326,34 +326,6 @@ TEST(Tool, ExportWritesALinksTargetAndRefusesWhatIsNoFile) {
   EXPECT_EQ(count_dir(t / "out"), 4u);
 }
 
-// A damaged bundle's file size (here 2^31 - 1, under the format's bound) was allocated before it was read: 2 GiB for
-// a bundle of a few KB, and where that could not be had, std::bad_alloc ended the tool (abort) with its staging
-// directory left in the cache. Sizes past the end of the file are refused before anything is allocated.
-TEST(Tool, AGarbageSizeInABundleAllocatesNothing) {
-  TempDir t;
-  std::string b;
-  const std::string bundle = exported_bundle(t, 1, &b);
-  auto u32 = [&](size_t at) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(b[at + i])) << (8 * i);
-    return size_t(v);
-  };
-  // magic, u32 name length, name, u32 file count, u32 file-name length, file name, then the u64 size.
-  const size_t name_len = u32(8), fname_at = 8 + 4 + name_len + 4;
-  const size_t size_at = fname_at + 4 + u32(fname_at);
-  ASSERT_LT(size_at + 8, b.size());
-  const uint64_t garbage = 0x7fffffff;
-  for (int i = 0; i < 8; ++i) b[size_at + i] = char(uint8_t(garbage >> (8 * i)));
-  std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b;
-  auto [rc, out] = tool(t / "dst", "import " + bundle);
-  EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("truncated or malformed"), std::string::npos) << out;
-  struct rusage ru {};
-  ::getrusage(RUSAGE_CHILDREN, &ru);
-  EXPECT_LT(ru.ru_maxrss, 512 * 1024) << "a child of this test (the import) used " << ru.ru_maxrss / 1024 << " MB";
-  EXPECT_EQ(count_dir(t / "dst/.staging"), 0u) << "the import left its staging";
-}
-
 // The little-endian u32 at `at` of a bundle's bytes, and its encoding.
 static size_t bundle_u32(const std::string& b, size_t at) {
   uint32_t v = 0;
@@ -364,6 +336,28 @@ static std::string le_bytes(uint64_t v, int n) {
   std::string s;
   for (int i = 0; i < n; ++i) s += char(uint8_t(v >> (8 * i)));
   return s;
+}
+
+// A damaged bundle's file size (here 2^31 - 1, under the format's bound) was allocated before it was read: 2 GiB for
+// a bundle of a few KB, and where that could not be had, std::bad_alloc ended the tool (abort) with its staging
+// directory left in the cache. Sizes past the end of the file are refused before anything is allocated.
+TEST(Tool, AGarbageSizeInABundleAllocatesNothing) {
+  TempDir t;
+  std::string b;
+  const std::string bundle = exported_bundle(t, 1, &b);
+  // magic, u32 name length, name, u32 file count, u32 file-name length, file name, then the u64 size.
+  const size_t name_len = bundle_u32(b, 8), fname_at = 8 + 4 + name_len + 4;
+  const size_t size_at = fname_at + 4 + bundle_u32(b, fname_at);
+  ASSERT_LT(size_at + 8, b.size());
+  b.replace(size_at, 8, le_bytes(0x7fffffff, 8));
+  std::ofstream(bundle, std::ios::binary | std::ios::trunc) << b;
+  auto [rc, out] = tool(t / "dst", "import " + bundle);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("truncated or malformed"), std::string::npos) << out;
+  struct rusage ru {};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  EXPECT_LT(ru.ru_maxrss, 512 * 1024) << "a child of this test (the import) used " << ru.ru_maxrss / 1024 << " MB";
+  EXPECT_EQ(count_dir(t / "dst/.staging"), 0u) << "the import left its staging";
 }
 
 // A bundle's file names are not paths: an entry carrying a file the format does not know ("../../escaped", which
