@@ -1,6 +1,7 @@
 // The cross-process compile lock when the process fork()s (DataLoader workers) or is killed,
 // waiters that find the entry published while the lock is still held by someone, and lock files
 // removed by prune/clear/eviction without breaking the exclusion.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/file.h>
@@ -8,10 +9,21 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "lock_file.hpp"
 #include "logger.hpp"
 #include "test_util.hpp"
 
 extern char** environ;
+
+// flock(2) of this test binary: libc's, after running once whatever a test put in g_before_flock
+// (so that a test can act in the window between a caller's open and its flock). Defined here, it is
+// what the cache's code calls in this process.
+static std::atomic<void (*)()> g_before_flock{nullptr};
+extern "C" int flock(int fd, int op) {
+  if (auto hook = g_before_flock.exchange(nullptr)) hook();
+  static const auto real = reinterpret_cast<int (*)(int, int)>(::dlsym(RTLD_NEXT, "flock"));
+  return real(fd, op);
+}
 
 namespace smla::cache::test {
 
@@ -342,6 +354,42 @@ TEST(LockFiles, ALockerWhoseFileWasRemovedLocksTheNewOne) {
   w.join();
   EXPECT_EQ(got.origin, Origin::Disk);
   EXPECT_EQ(got.binary, payload(f));
+}
+
+// remove_unused between its open and its flock: another remover unlinks the file and a locker
+// creates it anew and holds it (compiling). The first remover's flock then takes the orphan it
+// opened, which nobody holds; it must see that the path names another file now and leave it,
+// or the next locker would create a third file and compile beside the holder.
+namespace {
+std::string g_race_path;
+int g_race_holder = -1;
+void replace_and_hold_the_lock_file() {
+  ::unlink(g_race_path.c_str());
+  g_race_holder = ::open(g_race_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (g_race_holder >= 0) ::flock(g_race_holder, LOCK_EX);  // the hook is spent: libc's flock
+}
+}  // namespace
+
+TEST(LockFiles, ARemoverLeavesTheFileThatReplacedTheOneItOpened) {
+  TempDir t;
+  g_race_path = t / "k0.lock";
+  const int first = ::open(g_race_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  ASSERT_GE(first, 0);
+  ::close(first);
+  g_before_flock = replace_and_hold_the_lock_file;
+  const bool removed = detail::LockFile::remove_unused(g_race_path);
+  ASSERT_EQ(g_before_flock.load(), nullptr) << "remove_unused took no flock";
+  ASSERT_GE(g_race_holder, 0);
+  EXPECT_FALSE(removed);
+  struct stat at_path {}, held {};
+  ASSERT_EQ(::fstat(g_race_holder, &held), 0);
+  ASSERT_EQ(::stat(g_race_path.c_str(), &at_path), 0) << "the holder's lock file was unlinked";
+  EXPECT_EQ(at_path.st_ino, held.st_ino);
+  detail::LockFile next;  // excluded by the holder, as long as the file is the holder's
+  EXPECT_EQ(next.acquire(g_race_path, 0.1), detail::LockFile::TimedOut);
+  ::close(g_race_holder);
+  g_race_holder = -1;
+  EXPECT_EQ(next.acquire(g_race_path, 5), detail::LockFile::Acquired);
 }
 
 // Stress: several caches (one per "process": only the flock excludes them) fetch the same keys
