@@ -4,7 +4,9 @@
 // is made, so each case sets them first.
 //   - a plan under SMLA_CACHE_MAX_BYTES that compiles one kernel keeps the others it needs: its publish evicted the
 //     cached kernels it had not yet loaded (the least recently used), and it then compiled those again;
-//   - a plan whose kernels are all cached compiles nothing and counts each as loaded from disk.
+//   - a plan whose kernels are all cached compiles nothing and counts each as loaded from disk;
+//   - a plan under a bound smaller than its own kernels compiles each translation unit once: a later compile's publish
+//     evicted a unit compiled earlier in the plan before its other entry points loaded, and the plan compiled it again.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -112,6 +114,21 @@ TEST_F(PlanCache, APlanUnderTheSizeBoundKeepsTheCachedKernelsItLoadsNext) {
   const PlanInfo next = plan_in_new_runtime(kA);
   EXPECT_EQ(next.compiled, 0);
   EXPECT_EQ(next.loaded_from_disk + next.reused_in_process, launches);
+}
+
+TEST_F(PlanCache, APlanUnderABoundBelowItsOwnKernelsCompilesEachUnitOnce) {
+  const PlanInfo free_run = plan_in_new_runtime(kA);
+  const std::vector<Entry> units = entries_of(dir_);
+  ASSERT_EQ(int(units.size()), free_run.compiled);
+  const int launches = free_run.compiled + free_run.loaded_from_disk + free_run.reused_in_process;
+  ASSERT_GT(launches, int(units.size())) << "no translation unit of the problem holds two entry points";
+  fs::remove_all(dir_ + "/entries");
+  // Each publish evicts every other entry: only the last unit compiled stays.
+  ::setenv("SMLA_CACHE_MAX_BYTES", "1", 1);
+  const PlanInfo job = plan_in_new_runtime(kA);
+  EXPECT_EQ(job.compiled, free_run.compiled) << "a unit evicted by the plan's own publishes was compiled again";
+  EXPECT_EQ(job.compiled + job.loaded_from_disk + job.reused_in_process, launches);
+  EXPECT_LE(entries_of(dir_).size(), 1u);
 }
 
 }  // namespace
