@@ -72,9 +72,9 @@ std::vector<BackendKind> backends_here() {
 // Runs `mutate` on a copy of good tensors and expects an error whose text names `what`;
 // the outputs must still hold the poison afterwards (nothing launched).
 void expect_bad_run(BackendKind b, const std::function<void(Tensors&, size_t&)>& mutate, const std::string& what,
-                    Status st = Status::InvalidArgument) {
-  const ref::Inputs in = make_case_inputs(kSmall, 7);
-  const Problem p = make_problem(b, kSmall);
+                    Status st = Status::InvalidArgument, const Case& c = kSmall) {
+  const ref::Inputs in = make_case_inputs(c, 7);
+  const Problem p = make_problem(b, c);
   auto plan = shared_runtime().plan(p);
   tools::CaseRunner cr(p, in);
   void* ws = cr.workspace(plan->workspace_bytes());
@@ -100,6 +100,27 @@ TEST(Api, BadTensorsAreRejectedNamingTheArgument) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.q = nullptr; }, "Tensors::q");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.topk = nullptr; }, "Tensors::topk");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.kv = static_cast<const char*>(t.kv) + 2; }, "Tensors::kv");
+    // Every pointer's alignment: bf16 rows are read and written 16 bytes at a time, f32 and i32 elements whole (a
+    // dout 2 bytes off was taken, and the GPU's 16-byte loads of it fault).
+    auto shifted = [](auto* ptr, int by) {
+      return reinterpret_cast<decltype(ptr)>(reinterpret_cast<uintptr_t>(ptr) + by);
+    };
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.q = shifted(t.q, 2); }, "Tensors::q");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.o = shifted(t.o, 8); }, "Tensors::o");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.dout = shifted(t.dout, 2); }, "Tensors::dout");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.lse = shifted(t.lse, 2); }, "Tensors::lse");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.topk = shifted(t.topk, 2); }, "Tensors::topk");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.attn_sink = shifted(t.attn_sink, 2); }, "Tensors::attn_sink");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.dq = shifted(t.dq, 8); }, "Tensors::dq");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.dkv = shifted(t.dkv, 2); }, "Tensors::dkv");
+    expect_bad_run(b, [&](Tensors& t, size_t&) { t.d_sink = shifted(t.d_sink, 2); }, "Tensors::d_sink");
+    // A problem without a sink takes neither sink tensor: a d_sink given there would be left as it was.
+    Case no_sink = kSmall;
+    no_sink.sink = false;
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = reinterpret_cast<float*>(t.dq); },
+                   "d_sink: expected null, since Problem::has_sink is false", Status::InvalidArgument, no_sink);
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.attn_sink = t.lse; },
+                   "attn_sink: expected null, since Problem::has_sink is false", Status::InvalidArgument, no_sink);
     expect_bad_run(b, [](Tensors& t, size_t&) { t.attn_sink = nullptr; }, "Tensors::attn_sink");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.q_stride_h = 100; }, "q_stride_h");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.topk_stride = 10; }, "topk_stride");
@@ -139,6 +160,9 @@ TEST(Api, OverlappingOutputsAreRejected) {
     expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = const_cast<float*>(t.attn_sink); },
                    "overlap Tensors::attn_sink");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = const_cast<float*>(t.lse); }, "overlap Tensors::lse");
+    // By one element: d_sink's first float on lse's last.
+    expect_bad_run(b, [](Tensors& t, size_t&) { t.d_sink = const_cast<float*>(t.lse) + kSmall.T * kSmall.H - 1; },
+                   "overlap Tensors::lse");
     // dq's own rows: token t's heads over token t + 1's (stride_t under H rows), or heads 8 elements apart
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 512; }, "overlap");
     expect_bad_run(b, [](Tensors& t, size_t&) { t.dq_stride_t = 8, t.dq_stride_h = 512 * kSmall.T; }, "dq_stride_t");
@@ -384,6 +408,45 @@ TEST(Api, IndexCheckReportsTheFirstBadIndex) {
     void* ws2 = cr2.workspace(plan->workspace_bytes());
     plan->run(cr2.tensors(), ws2, cr2.workspace_size(), cr2.stream());
     EXPECT_FALSE(plan->index_report(ws2, cr2.stream()).has_value());
+
+    // The only bad index in token 0's slot 0: a report whose token and slot are 0 is still a report.
+    ref::Inputs first_only = clean;
+    first_only.topk[0] = c.num_kv;
+    tools::CaseRunner cr3(p, first_only);
+    void* ws3 = cr3.poisoned_for_run(plan->workspace_bytes());
+    plan->run(cr3.tensors(), ws3, cr3.workspace_size(), cr3.stream());
+    auto rep0 = plan->index_report(ws3, cr3.stream());
+    ASSERT_TRUE(rep0.has_value()) << "a bad index at token 0, slot 0 was not reported";
+    EXPECT_EQ(rep0->count, 1);
+    EXPECT_EQ(rep0->t, 0);
+    EXPECT_EQ(rep0->r, 0);
+    EXPECT_EQ(rep0->value, c.num_kv);
+  }
+}
+
+// launch_count() is one past the last launch: run_launch() and launch_phase() refuse it (and anything beyond).
+TEST(Api, ALaunchIndexPastTheListIsRefused) {
+  for (BackendKind b : backends_here()) {
+    SCOPED_TRACE(backend_name(b));
+    const Problem p = make_problem(b, kSmall);
+    auto plan = shared_runtime().plan(p);
+    tools::CaseRunner cr(p, make_case_inputs(kSmall, 13));
+    void* ws = cr.poisoned_for_run(plan->workspace_bytes());
+    const size_t n = plan->launch_count();
+    ASSERT_GT(n, 0u);
+    for (size_t i : {n, n + 1}) {
+      try {
+        plan->run_launch(i, cr.tensors(), ws, cr.workspace_size(), cr.stream());
+        ADD_FAILURE() << "run_launch(" << i << ") of " << n << " launches was taken";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+        EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+      }
+      EXPECT_THROW(plan->launch_phase(i), Error);
+    }
+    EXPECT_NO_THROW(plan->launch_phase(n - 1));
+    const tools::Outputs out = cr.read_outputs();
+    for (uint16_t v : out.dq) ASSERT_EQ(v, ref::kPoisonBf16) << "dq was written by a refused launch";
   }
 }
 
