@@ -889,6 +889,28 @@ TEST(WarmupTool, CacheWarningsStayOffStdout) {
   EXPECT_EQ(r.err.find("ignoring"), std::string::npos) << "SMLA_LOG_LEVEL=off: " << r.err;
 }
 
+// The runtime's knobs: each value a Runtime does not take is named in a warning. 0, -1 and +5 were taken as budgets
+// (0 gave one-token chunks, -1 read as 2^64 - 1), and a side stream or log level mistyped went unsaid.
+TEST(WarmupTool, EveryRuntimeKnobValueItDoesNotTakeIsNamed) {
+  TempDir scratch;
+  const std::string base = "SMLA_CACHE_DIR=" + scratch.path + "/user ";
+  const std::string args = "--arch sm_90a --shape 64,16,80,32 --dry-run";
+  for (const std::string v : {"0", "-1", "+5", "' 5'", "5x", "99999999999999999999999"}) {
+    const ToolRun r = warmup_tool(args, scratch, base + "SMLA_INTERM_BUDGET_BYTES=" + v);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string shown = v[0] == '\'' ? v.substr(1, v.size() - 2) : v;
+    EXPECT_NE(r.err.find("ignoring SMLA_INTERM_BUDGET_BYTES='" + shown + "'"), std::string::npos) << v << ": " << r.err;
+  }
+  ToolRun r = warmup_tool(args, scratch, base + "SMLA_SIDE_STREAM=00 SMLA_LOG_LEVEL=warnn");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ignoring SMLA_SIDE_STREAM='00'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ignoring SMLA_LOG_LEVEL='warnn'"), std::string::npos) << r.err;
+  // Values it takes say nothing.
+  r = warmup_tool(args, scratch, base + "SMLA_INTERM_BUDGET_BYTES=5000000000 SMLA_SIDE_STREAM=0 SMLA_LOG_LEVEL=warn");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("ignoring"), std::string::npos) << r.err;
+}
+
 // Which tuning database a warm-up read, whether it exists and how many tuned configs it warmed: a warm-up run as
 // another user (root on a login node) read that user's database, or none, and said nothing, so every job whose plan()
 // applied its own tuned configs compiled them at its start.
