@@ -643,6 +643,23 @@ TEST(ShapeSpec, ErrorsSayWhatIsWrong) {
   }
 }
 
+// --sink both (smla-warmup's default) warms each shape with and without the sink; on and off one of them.
+TEST(ShapeSpec, SinkBothGivesEachShapeTwice) {
+  const auto both = collect_problems({"64,16,128,16", "32,16,64,16"}, "both", "", true);
+  ASSERT_EQ(both.size(), 4u);
+  for (size_t i = 0; i < both.size(); ++i) {
+    EXPECT_EQ(both[i].has_sink, i % 2 == 0) << i;
+    EXPECT_EQ(both[i].T, i < 2 ? 64 : 32) << i;
+    EXPECT_TRUE(both[i].check_indices) << i;
+  }
+  const auto on = collect_problems({"64,16,128,16"}, "on", "", false);
+  ASSERT_EQ(on.size(), 1u);
+  EXPECT_TRUE(on[0].has_sink);
+  const auto off = collect_problems({"64,16,128,16"}, "off", "", false);
+  ASSERT_EQ(off.size(), 1u);
+  EXPECT_FALSE(off[0].has_sink);
+}
+
 TEST(ShapeSpec, JsonProblems) {
   const auto ps = parse_problems_json(R"({"problems": [
       {"T": "4096:8192:4096", "H": 128, "num_kv": 5120, "topk": 512, "sink": true, "lse_base2": true,
@@ -710,6 +727,34 @@ TEST(WarmupTool, UsageErrors) {
   r = warmup_tool("--help", scratch);
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("A:B:STEP"), std::string::npos) << "--help does not document ranges";
+}
+
+// A unit that fails to compile is one line in the report that still names the cause: the compile log's first line
+// saying "error" after the message's first line (a static_assert's text here, in the header every unit includes).
+TEST(Warmup, AFailedCompileNamesItsCauseInItsLine) {
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
+  TempDir scratch;
+  const std::string src = scratch.path + "/kernel_src";
+  const fs::path repo_src = fs::path(__FILE__).parent_path().parent_path() / "kernel_src";
+  ASSERT_TRUE(fs::exists(repo_src / "common.cuh")) << repo_src;
+  fs::copy(repo_src, src);
+  std::ofstream(src + "/common.cuh", std::ios::app) << "\nstatic_assert(sizeof(int) == 3, \"smla-test-boom\");\n";
+  WarmupOptions o;
+  o.out_dir = scratch.path + "/aot";
+  o.use_tuning_db = false;
+  o.kernel_src_dir = src;
+  Problem p = seed_problem();
+  p.has_sink = false;
+  const WarmupResult r = warm_kernels({p}, {"sm_90a"}, o);
+  ASSERT_FALSE(r.items.empty());
+  EXPECT_EQ(r.failed, int(r.items.size()));
+  for (const WarmupItem& it : r.items) {
+    EXPECT_EQ(it.state, WarmupItem::State::Failed) << it.kernel;
+    EXPECT_NE(it.error.find("smla-test-boom"), std::string::npos) << it.kernel << ": " << it.error;
+    EXPECT_EQ(it.error.find('\n'), std::string::npos) << it.kernel << ": not one line: " << it.error;
+  }
 }
 
 // SMLA_KERNEL_SRC_DIR swaps the kernel sources of plan(); warm-up must compile the same ones, or it fills
