@@ -39,6 +39,8 @@ std::set<std::string> digests_for(int64_t T, int64_t H) {
 // ("not in the source directory"), or put a real header's bytes in the key of kernels that do not include it.
 TEST(KernelSources, CommentedIncludesAreNotIncludes) {
   EXPECT_EQ(without_comments("a // b\nc /* d\ne */ f \"//g\" '/' /*"), "a  \nc  \n f \"//g\" '/'  ");
+  // An escaped quote does not end a literal: the "/*" after it is text, not a comment hiding the next line.
+  EXPECT_EQ(without_comments("s = \"\\\" /* \";\n#include \"x.h\" // y"), "s = \"\\\" /* \";\n#include \"x.h\"  ");
   char tmpl[] = "/tmp/smla-src-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -48,6 +50,7 @@ TEST(KernelSources, CommentedIncludesAreNotIncludes) {
       "// once: #include \"old_helpers.cuh\"\n"
       "/* #include \"gone.cuh\"\n   #include \"also_gone.cuh\" */\n"
       "const char* s = \"#include \\\"in_a_string.cuh\\\"\";\n"
+      "const char* t = \"\\\" /* \";\n"
       "  #  include \"real.cuh\"\n");
   const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 32);
   const RenderedSource r = KernelSources(dir).render(spec, "cuda");

@@ -689,6 +689,51 @@ TEST(NvrtcOffline, CompileErrorsCarryTheLogAndTheDumpedSource) {
   }
 }
 
+// A compile error cites the kernel file's own line: the rendered unit's defines come before a #line naming the file.
+TEST(NvrtcOffline, ACompileErrorCitesTheSourceFilesOwnLine) {
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
+  char tmpl[] = "/tmp/smla-src-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/delta.cu") << "// line 1\n// line 2\nint on_line_3 = smla_test_undefined_name;\n";
+  const KernelSpec spec = make_spec("delta", "smla_delta", {{"HEADS", 16}, {"UNROLL", 4}}, grid_xy(1), 32);
+  try {
+    nvrtc.compile(KernelSources(dir).render(spec, "cuda"), "sm_90a");
+    ADD_FAILURE() << "a source naming an undefined identifier compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("delta.cu(3)"), std::string::npos) << e.message();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// With exactly as many older dumps as are kept, a new one removes the oldest: the newest 32 stay, the new one among them.
+TEST(NvrtcOffline, ANewDumpBesideAFullDirectoryRemovesTheOldest) {
+  char tmpl[] = "/tmp/smla-dump-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path root = tmpl;
+  ::setenv("SMLA_DUMP_DIR", root.c_str(), 1);
+  std::vector<std::filesystem::path> old;
+  for (int i = 0; i < 32; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "old%02d-sm_90a-%016x", i, i);
+    old.push_back(root / name);
+    std::filesystem::create_directories(old.back());
+    std::filesystem::last_write_time(old.back(),
+                                     std::filesystem::file_time_type::clock::now() - std::chrono::hours(100 - i));
+  }
+  const std::filesystem::path fresh = dump_failed_source(RenderedSource{"dq.cu", "// fresh\n", {}}, "sm_90a");
+  ASSERT_TRUE(std::filesystem::is_regular_file(fresh)) << fresh;
+  size_t dumps = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) dumps += e.is_directory();
+  EXPECT_EQ(dumps, 32u);
+  EXPECT_FALSE(std::filesystem::exists(old[0])) << "the oldest dump was kept beyond the 32";
+  EXPECT_TRUE(std::filesystem::exists(old[1]));
+  ::unsetenv("SMLA_DUMP_DIR");
+  std::filesystem::remove_all(root);
+}
+
 // A SMLA_KERNEL_SRC_DIR tree is read whole or refused, naming the file: a quoted include missing from it (NVRTC then
 // read it from the working directory, from bytes the cache key never saw: a changed header there served the old
 // binary), a name reaching out of it, a directory in a file's place (attached as an empty header), an unreadable file.
