@@ -213,6 +213,23 @@ TEST(HostReducer, AbortReleasesWaitingRanks) {
   EXPECT_NE(errors[0].find("rank 1 failed to plan"), std::string::npos) << errors[0];
 }
 
+// The first abort's reason is the one every rank reports: the aborts that follow it (other ranks releasing the group
+// as they fail in turn) do not replace it.
+TEST(HostReducer, TheFirstAbortsReasonStays) {
+  auto group = std::make_shared<seqpar::HostGroup>(2);
+  group->abort("rank 1: the first failure");
+  group->abort("rank 0: aborted after it");
+  seqpar::HostReducer red(group, 0);
+  std::vector<float> buf(8, 1.0f);
+  try {
+    red.all_reduce_sum(buf.data(), 8, nullptr);
+    ADD_FAILURE() << "an aborted group reduced";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("rank 1: the first failure"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("rank 0"), std::string::npos) << e.message();
+  }
+}
+
 // ---- sequence-parallel backward on CPU ranks
 
 struct Result {
@@ -484,7 +501,9 @@ TEST(SeqparCpu, RefusesAReducerOfTheOtherMemory) {
 // The same on a machine without a GPU: a plan that says it runs on CUDA (a stand-in: nothing of it may run).
 class CudaPlanStandIn : public Plan {
  public:
-  CudaPlanStandIn() { p_.dkv_fp32 = true, p_.num_kv = 8, p_.H = 16, info_.backend = "cuda"; }
+  explicit CudaPlanStandIn(int device = 0) {
+    p_.dkv_fp32 = true, p_.num_kv = 8, p_.H = 16, p_.device = device, info_.backend = "cuda";
+  }
   const Problem& problem() const override { return p_; }
   size_t workspace_bytes() const override { return 0; }
   void run(const Tensors&, void*, size_t, void*) const override { ADD_FAILURE() << "run() reached"; }
@@ -519,6 +538,12 @@ TEST(SeqparCpu, RefusesAReducerOfAnotherGpu) {
   DeviceMemoryReducer red;
   red.device_ = 1;
   expect_refused_reducer(plan, red, "the reducer sums on device 1 but the plan runs on device 0");
+  EXPECT_EQ(red.calls, 0);
+  EXPECT_EQ(red.aborts, 1);
+  // Device 0 is a device too: its reducer beside a plan on device 1 is refused the same way.
+  red.aborts = 0;
+  red.device_ = 0;
+  expect_refused_reducer(CudaPlanStandIn(1), red, "the reducer sums on device 0 but the plan runs on device 1");
   EXPECT_EQ(red.calls, 0);
   EXPECT_EQ(red.aborts, 1);
   red.device_ = 0;  // a reducer of the plan's own GPU is taken
