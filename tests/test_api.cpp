@@ -1392,6 +1392,47 @@ class ForkingBackend : public Backend {
   std::vector<std::pair<void*, void*>> waits;  // (waiter, on)
 };
 
+// A token chunk's steps see its tokens as 0..t_count-1: every per-token pointer (the inputs, dq, lse, the top-k, and
+// delta and lse_n in the workspace) starts at the chunk's first token, by that tensor's own token stride. Checked on the
+// params themselves: the CPU phases of a token chunk read lse_n (delta's), never lse, which the GPU's dq reads there.
+TEST(Api, ATokenChunksStepsStartAtItsFirstToken) {
+  Case c = kSmall;
+  c.t_chunk = 16;
+  const Problem p = make_problem(BackendKind::Cpu, c);
+  auto plan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(p));
+  ASSERT_TRUE(plan);
+  ASSERT_EQ(plan->shape_.t_chunks, 3);
+  tools::CaseRunner cr(p, make_case_inputs(c, 14), nullptr, tools::Layout::Strided);
+  void* ws = cr.workspace(plan->workspace_bytes());
+  const SmlaParams base = plan->base_params(cr.tensors(), ws, cr.workspace_size());
+  ASSERT_NE(base.q_st, int64_t(c.H) * 512) << "the premise: token strides other than the packed ones";
+  int chunked = 0;
+  for (size_t i = 0; i < plan->steps_.size(); ++i) {
+    const Step& st = plan->steps_[i];
+    const SmlaParams sp = plan->step_params(i, base);
+    SCOPED_TRACE(std::string(phase_name(st.phase)) + " token chunk " + std::to_string(st.t_index));
+    if (st.t_count == 0) {
+      EXPECT_EQ(sp.T, base.T);
+      EXPECT_EQ(sp.lse, base.lse);
+      continue;
+    }
+    ++chunked;
+    const int64_t t0 = st.t_start, H = c.H;
+    EXPECT_EQ(sp.T, st.t_count);
+    EXPECT_EQ(sp.q, base.q + t0 * base.q_st);
+    EXPECT_EQ(sp.o, base.o + t0 * base.o_st);
+    EXPECT_EQ(sp.dout, base.dout + t0 * base.do_st);
+    EXPECT_EQ(sp.dq, base.dq + t0 * base.dq_st);
+    EXPECT_EQ(sp.lse, base.lse + t0 * base.lse_st);
+    EXPECT_EQ(sp.topk, base.topk + t0 * base.topk_st);
+    EXPECT_EQ(sp.delta, base.delta + t0 * H);
+    EXPECT_EQ(sp.lse_n, base.lse_n + t0 * H);
+    EXPECT_EQ(sp.kv, base.kv);  // over every token: kv, the outputs over kv, and the chunk's own workspace rows stay
+    EXPECT_EQ(sp.dkv, base.dkv);
+  }
+  EXPECT_GT(chunked, 0);
+}
+
 // A launch that fails while the side stream is forked: the error names the launch (phase, entry, geometry) and says
 // it may be an earlier asynchronous error, and the side stream is joined back before it returns to the pool (a
 // capture with an unjoined fork could not end).
