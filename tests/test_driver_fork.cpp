@@ -148,6 +148,13 @@ int scenario(const std::string& name) {
     check("per-thread, device 0's other context", other0, CU_STREAM_PER_THREAD);
     check("explicit, device 0's other context", other0, stream(0, 1));
     check("null, none current", nullptr, nullptr);
+    // A thread with no context current: asking about a stream of device 0's other context enters that context and
+    // must leave none current again (not smla's, nor the stream's).
+    SMLA_CU(cuda::driver().CtxSetCurrent(nullptr));
+    const std::string said = be.foreign_stream(0, stream(0, 0));
+    CUcontext after = reinterpret_cast<CUcontext>(1);
+    SMLA_CU(cuda::driver().CtxGetCurrent(&after));
+    std::printf("none current: said=%d, none after=%d\n", int(!said.empty()), int(after == nullptr));
     return 0;
   }
   if (name == "backends") {  // what Runtime::backends() says of the CUDA backend, or what it threw
@@ -286,6 +293,7 @@ TEST(DriverFork, AForeignStreamIsNamed) {
       << out;
   EXPECT_TRUE(has(out, "check explicit, device 0's other context: [ok]\n")) << out;
   EXPECT_TRUE(has(out, "check null, none current: [ok]\n")) << out;
+  EXPECT_TRUE(has(out, "none current: said=1, none after=1\n")) << out;
 }
 
 // A machine whose GPU smla cannot run on (a T4, compute capability 7.5) still gets its answer from backends(), the

@@ -689,6 +689,48 @@ TEST(NvrtcOffline, CompileErrorsCarryTheLogAndTheDumpedSource) {
   }
 }
 
+// csr's launches cover their work at every planner shape: keys' threads every slot of the chunk and every scratch int it
+// clears, onesweep's blocks every slot (a tile is CSR_OS_THREADS x CSR_OS_ITEMS), one onesweep a radix pass in order,
+// rowptr's threads positions 0..n inclusive. A grid short by one block leaves slots unsorted on the GPU only.
+TEST(CudaKernelSpecs, CsrLaunchesCoverTheirWork) {
+  auto define = [](const KernelSpec& k, const char* name) {
+    for (const auto& d : k.defines)
+      if (d.first == name) return d.second;
+    ADD_FAILURE() << k.entry << " has no " << name;
+    return 0ll;
+  };
+  int checked = 0;
+  for (const ShapeInfo& s : planner_shapes()) {
+    if (!cuda_shape_supported(s, nullptr)) continue;
+    SCOPED_TRACE("T " + std::to_string(s.T) + " H " + std::to_string(s.H) + " topk " + std::to_string(s.topk) +
+                 " num_kv " + std::to_string(s.num_kv));
+    const long long items = s.chunk_items(), scratch_ints = cuda_csr_scratch_bytes(s) / 4;
+    int passes = 0, rowptr = 0, keys = 0;
+    for (const KernelSpec& k : cuda_phase_kernels(Phase::Csr, s)) {
+      const long long threads = (long long)k.grid.x * k.grid.y * k.grid.z * k.block.x;
+      if (k.entry == "smla_csr_keys") {
+        ++keys;
+        EXPECT_GE(threads, std::max(items, scratch_ints));
+      }
+      if (k.entry == "smla_csr_rowptr") {
+        ++rowptr;
+        EXPECT_GE(threads, items + 1);
+      }
+      if (k.entry == "smla_csr_exclusive") EXPECT_EQ(int(k.grid.x), s.radix_passes);
+      if (k.entry == "smla_csr_onesweep") {
+        EXPECT_EQ(k.block.x, unsigned(define(k, "CSR_OS_THREADS")));
+        EXPECT_GE((long long)k.grid.x * k.grid.y * define(k, "CSR_OS_THREADS") * define(k, "CSR_OS_ITEMS"), items);
+        EXPECT_EQ(k.pass, passes++);
+      }
+    }
+    EXPECT_EQ(keys, 1);
+    EXPECT_EQ(rowptr, 1);
+    EXPECT_EQ(passes, s.radix_passes);
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
 // A compile error cites the kernel file's own line: the rendered unit's defines come before a #line naming the file.
 TEST(NvrtcOffline, ACompileErrorCitesTheSourceFilesOwnLine) {
   cuda::NvrtcCompiler nvrtc;
