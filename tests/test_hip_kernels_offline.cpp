@@ -162,6 +162,13 @@ TEST(HipKernelSpecs, RejectsTilesThatDoNotFit) {
   EXPECT_FALSE(hip_shape_supported(s, &why));
   EXPECT_NE(why.find("LDS"), std::string::npos) << why;
   EXPECT_THROW(hip_phase_kernels(Phase::DkvInterm, s), Error);
+  // The dkv body's column tile is at most 128 even where its LDS would fit (16 heads).
+  p.H = 16;
+  s = choose_shape(p, runtime_env().interm_budget);
+  ASSERT_TRUE(hip_shape_supported(s, &why)) << why;
+  s.dkv_block_d = 256;
+  EXPECT_FALSE(hip_shape_supported(s, &why));
+  EXPECT_NE(why.find("dkv_block_d = 256 must be a multiple of 16 dividing 512, at most 128"), std::string::npos) << why;
 }
 
 // HIP refuses a launch of 2^32 work-items or more in a dimension (gridDim x blockDim): delta's 32 lanes a (t, h) row

@@ -594,6 +594,23 @@ TEST(Nccl, NoCudaDriverIsAClearError) {
   }
 }
 
+// A rank outside [0, nranks) is the caller's mistake, said before anything needs a GPU (the rank == nranks edge too).
+TEST(Nccl, ARankOutsideTheGroupIsRefused) {
+  std::string why;
+  if (!nccl::available(*nccl::library(), &why)) GTEST_SKIP() << "NCCL is not installed here: " << why;
+  for (const auto& [rank, nranks] : {std::pair{1, 1}, std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, 0}}) {
+    try {
+      seqpar::NcclReducer red(nccl::UniqueId{}, rank, nranks, 0);
+      ADD_FAILURE() << "rank " << rank << " of " << nranks << " was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.message();
+      EXPECT_NE(e.message().find("NCCL rank " + std::to_string(rank) + " is not in [0, " + std::to_string(nranks) + ")"),
+                std::string::npos)
+          << e.message();
+    }
+  }
+}
+
 TEST(Nccl, MulticastIsForcedOff) {
   const char* before = std::getenv("NCCL_NVLS_ENABLE");
   const std::string saved = before ? before : "";

@@ -76,5 +76,13 @@ TEST(HipApi, TheMajorVersionIsReadFromTheLibrarysName) {
   ::rmdir(dir.c_str());
 }
 
+// HIP_VERSION (major * 10^7 + minor * 10^5 + patch) as messages print it.
+TEST(HipApi, TheVersionNumberReadsAsMajorMinorPatch) {
+  EXPECT_EQ(hip_version_string(50221153), "5.2.21153");
+  EXPECT_EQ(hip_version_string(60342134), "6.3.42134");
+  EXPECT_EQ(hip_version_string(70000000), "7.0.0");
+  EXPECT_EQ(hip_version_string(71099999), "7.10.99999");
+}
+
 }  // namespace
 }  // namespace smla::hip
