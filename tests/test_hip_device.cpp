@@ -139,6 +139,9 @@ TEST(HipDevice, AConfigOverTheLdsLimitLoadsNothing) {
   }
   EXPECT_EQ(stub("smla_stub_hip_loads"), loads) << "a module was loaded for a config refused anyway";
   EXPECT_EQ(stub("smla_stub_hip_devsync_device"), syncs);
+  spec.smem_bytes = 65536;  // the limit itself is allowed
+  EXPECT_NO_THROW(be.load(spec, {0}, 0));
+  EXPECT_EQ(stub("smla_stub_hip_loads"), loads + 1);
 }
 
 // A failed launch leaves no error pending on the thread: on ROCm >= 7 a pending error fails the next rocPRIM sort of a

@@ -731,6 +731,30 @@ TEST(CudaKernelSpecs, CsrLaunchesCoverTheirWork) {
   EXPECT_GT(checked, 100);
 }
 
+// A quoted include that is not attached to the program is not read from the working directory (NVRTC's default for a
+// source without a directory): those bytes never reach the cache key, so a changed file there served an old binary.
+TEST(NvrtcOffline, AnUnattachedIncludeIsNotReadFromTheWorkingDirectory) {
+  cuda::NvrtcCompiler nvrtc;
+  std::string why;
+  ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
+  char tmpl[] = "/tmp/smla-cwd-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::ofstream(std::string(tmpl) + "/stray.cuh") << "#error smla-test-read-from-the-working-directory\n";
+  const std::filesystem::path before = std::filesystem::current_path();
+  std::filesystem::current_path(tmpl);
+  std::string said;
+  try {
+    nvrtc.compile(RenderedSource{"delta.cu", "#include \"stray.cuh\"\n", {}}, "sm_90a");
+    said = "(compiled)";
+  } catch (const Error& e) {
+    said = e.message();
+  }
+  std::filesystem::current_path(before);
+  std::filesystem::remove_all(tmpl);
+  EXPECT_EQ(said.find("smla-test-read-from-the-working-directory"), std::string::npos) << said;
+  EXPECT_NE(said.find("stray.cuh"), std::string::npos) << said;
+}
+
 // A compile error cites the kernel file's own line: the rendered unit's defines come before a #line naming the file.
 TEST(NvrtcOffline, ACompileErrorCitesTheSourceFilesOwnLine) {
   cuda::NvrtcCompiler nvrtc;
