@@ -301,6 +301,9 @@ TEST(DriverFork, AForeignStreamIsNamed) {
 TEST(DriverFork, BackendsReportsAGpuBelowSm80InsteadOfThrowing) {
   const std::string ok = run_scenario("backends");
   ASSERT_TRUE(has(ok, "cuda usable=1 detail=1 device(s), target sm_90a")) << "the stub's default device:\n" << ok;
+  // A driver that reports no device: the backend is unusable, saying so, and Auto takes the CPU.
+  const std::string none = run_scenario("backends", true, "SMLA_STUB_DEVICES=0 ");
+  EXPECT_TRUE(has(none, "cuda usable=0 detail=the CUDA driver reports no device")) << none;
   const std::string out = run_scenario("backends", true, "SMLA_STUB_CC=75 ");
   EXPECT_FALSE(has(out, "backends threw")) << out;
   EXPECT_TRUE(has(out, "cuda usable=1 detail=1 device(s); device 0: compute capability 7.5 is below the supported "

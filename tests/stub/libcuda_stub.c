@@ -6,7 +6,7 @@
  * about) are device memory of the ordinal in bits 32-35, managed where bit 31 is set. Exports every symbol
  * runtime/cuda/cuda_api.hpp loads, plus smla_stub_cuinit_calls() and smla_stub_pointer_queries() (the calls of
  * cuPointerGetAttribute and cuPointerGetAttributes together). SMLA_STUB_CC (e.g. "75") sets the device's compute
- * capability (default 90): a GPU smla does not support. SMLA_STUB_DEVICES (1 to 8, default 1) sets the device count.
+ * capability (default 90): a GPU smla does not support. SMLA_STUB_DEVICES (0 to 8, default 1) sets the device count.
  * Contexts: each device's primary context, and one other context of it (what cuCtxCreate would make), as handles only;
  * the current context is per thread. Streams: the handles smla_stub_stream(device, primary) gives (none is created),
  * whose context cuStreamGetCtx reports; any other handle is CUDA_ERROR_INVALID_HANDLE there. */
@@ -44,7 +44,7 @@ int cuDriverGetVersion(int* v) {
 static int stub_devices(void) {
   const char* e = getenv("SMLA_STUB_DEVICES");
   const int n = e && *e ? atoi(e) : 1;
-  return n >= 1 && n <= 8 ? n : 1;
+  return n >= 0 && n <= 8 ? n : 1;
 }
 
 int cuDeviceGetCount(int* n) {
