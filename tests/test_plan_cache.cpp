@@ -7,6 +7,7 @@
 //   - a plan whose kernels are all cached compiles nothing and counts each as loaded from disk;
 //   - a plan under a bound smaller than its own kernels compiles each translation unit once: a later compile's publish
 //     evicted a unit compiled earlier in the plan before its other entry points loaded, and the plan compiled it again.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -129,6 +130,32 @@ TEST_F(PlanCache, APlanUnderABoundBelowItsOwnKernelsCompilesEachUnitOnce) {
   EXPECT_EQ(job.compiled, free_run.compiled) << "a unit evicted by the plan's own publishes was compiled again";
   EXPECT_EQ(job.compiled + job.loaded_from_disk + job.reused_in_process, launches);
   EXPECT_LE(entries_of(dir_).size(), 1u);
+}
+
+// One of the stub driver's counters (tests/stub/libcuda_stub.c).
+int stub_count(const char* counter) {
+  void* h = ::dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return -1;
+  auto fn = reinterpret_cast<int (*)()>(::dlsym(h, counter));
+  const int n = fn ? fn() : -2;
+  ::dlclose(h);
+  return n;
+}
+
+// Once the plan and its Runtime are gone, every module they loaded is unloaded, each after the context's work is done:
+// the last plan may go right after its run(), and a module's launches still queued would outlive its handle.
+TEST_F(PlanCache, ModulesAreUnloadedOnceTheContextsWorkIsDone) {
+  const int loaded = stub_count("smla_stub_modules_loaded"), unloaded = stub_count("smla_stub_modules_unloaded"),
+            after_sync = stub_count("smla_stub_unloads_after_sync");
+  ASSERT_GE(loaded, 0);
+  {
+    Runtime rt;
+    auto plan = rt.plan(make_problem(BackendKind::Cuda, kA));
+    ASSERT_GT(stub_count("smla_stub_modules_loaded"), loaded);
+  }
+  const int n = stub_count("smla_stub_modules_loaded") - loaded;
+  EXPECT_EQ(stub_count("smla_stub_modules_unloaded") - unloaded, n) << "modules left loaded";
+  EXPECT_EQ(stub_count("smla_stub_unloads_after_sync") - after_sync, n) << "a module unloaded with work maybe queued";
 }
 
 }  // namespace

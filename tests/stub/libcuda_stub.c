@@ -229,9 +229,17 @@ int cuModuleLoadData(void** module, const void* image) {
   *module = (void*)(0xf000000ul + 16ul * (unsigned long)modules_loaded);
   return OK;
 }
+/* Unloads, and those that came right after a cuCtxSynchronize (a module's launches may still be queued until then). */
+static int modules_unloaded, unloads_after_sync, synced;
+int smla_stub_modules_unloaded(void) { return modules_unloaded; }
+int smla_stub_unloads_after_sync(void) { return unloads_after_sync; }
 int cuModuleUnload(void* module) {
   STUB_MODULES_GUARD;
-  return module ? OK : INVALID_HANDLE;
+  if (!module) return INVALID_HANDLE;
+  ++modules_unloaded;
+  if (synced) ++unloads_after_sync;
+  synced = 0;
+  return OK;
 }
 int cuModuleGetFunction(void** fn, void* module, const char* name) {
   STUB_MODULES_GUARD;
@@ -253,6 +261,7 @@ int cuFuncSetAttribute(void* fn, int attr, int v) {
 /* A module unload waits for the context first (cuda_backend.cpp): nothing ever runs here. */
 int cuCtxSynchronize(void) {
   STUB_MODULES_GUARD;
+  synced = 1;
   return OK;
 }
 
