@@ -142,11 +142,12 @@ int stub_count(const char* counter) {
   return n;
 }
 
-// Once the plan and its Runtime are gone, every module they loaded is unloaded, each after the context's work is done:
-// the last plan may go right after its run(), and a module's launches still queued would outlive its handle.
+// Once the plan and its Runtime are gone, every module they loaded is unloaded, each after the context's work is done
+// (the last plan may go right after its run(), and a module's launches still queued would outlive its handle), and
+// the primary context they retained is released.
 TEST_F(PlanCache, ModulesAreUnloadedOnceTheContextsWorkIsDone) {
   const int loaded = stub_count("smla_stub_modules_loaded"), unloaded = stub_count("smla_stub_modules_unloaded"),
-            after_sync = stub_count("smla_stub_unloads_after_sync");
+            after_sync = stub_count("smla_stub_unloads_after_sync"), held = stub_count("smla_stub_primary_contexts_held");
   ASSERT_GE(loaded, 0);
   {
     Runtime rt;
@@ -156,6 +157,7 @@ TEST_F(PlanCache, ModulesAreUnloadedOnceTheContextsWorkIsDone) {
   const int n = stub_count("smla_stub_modules_loaded") - loaded;
   EXPECT_EQ(stub_count("smla_stub_modules_unloaded") - unloaded, n) << "modules left loaded";
   EXPECT_EQ(stub_count("smla_stub_unloads_after_sync") - after_sync, n) << "a module unloaded with work maybe queued";
+  EXPECT_EQ(stub_count("smla_stub_primary_contexts_held"), held) << "a primary context retained and never released";
 }
 
 }  // namespace

@@ -100,16 +100,23 @@ static int ctx_device(const void* ctx) {
 }
 static __thread void* current_ctx; /* per thread, as the driver's */
 
+/* Retains of a primary context not yet released, over every device (a backend's end must leave none of its own). */
+static int primary_held;
+int smla_stub_primary_contexts_held(void) { return primary_held; }
+
 int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   STUB_GUARD;
   if (dev < 0 || dev >= stub_devices()) return INVALID_VALUE;
   *ctx = stub_ctx(dev, 1);
+  ++primary_held;
   return OK;
 }
 
 int cuDevicePrimaryCtxRelease_v2(int dev) {
   STUB_GUARD;
-  return dev >= 0 && dev < stub_devices() ? OK : INVALID_VALUE;
+  if (dev < 0 || dev >= stub_devices()) return INVALID_VALUE;
+  --primary_held;
+  return OK;
 }
 
 int cuCtxGetCurrent(void** ctx) {
