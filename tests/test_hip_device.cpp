@@ -73,6 +73,13 @@ TEST(HipDevice, LoadLaunchAndReadBackKeepTheCallersDevice) {
   EXPECT_EQ(stub("smla_stub_hip_sync_device"), 1) << "read_back() waited for another device's null stream";
   EXPECT_EQ(rep[0], 0);
   EXPECT_EQ(current_device(), 0) << "read_back() left device 1 current";
+  // And device 0's workspace read from a thread on device 1: device 0 (a device too) is waited for and copied from.
+  SMLA_HIP_CHECK(hip::Api::require(), hipSetDevice(1));
+  be.read_back(rep, device_ptr(0), sizeof rep, nullptr);
+  EXPECT_EQ(stub("smla_stub_hip_sync_device"), 0) << "read_back() waited for the caller's device, not the workspace's";
+  EXPECT_EQ(stub("smla_stub_hip_copy_device"), 0) << "read_back() copied on the caller's device";
+  EXPECT_EQ(current_device(), 1) << "read_back() left device 0 current";
+  SMLA_HIP_CHECK(hip::Api::require(), hipSetDevice(0));
 
   // The module's unload (its last holder gone): after device 1's work, on device 1, and device 0 current again.
   k.reset();
