@@ -31,17 +31,16 @@ struct Api {
   int version = 0;
 };
 
-namespace {
-
-constexpr const char* kSoname = "libnccl.so.2";
-
-// NCCL's version code as major.minor.patch (2.9 changed the code's layout: 2.8.4 is 2804, 2.28.3 is 22803).
 std::string version_text(int v) {
   if (v <= 0) return "of an unknown version";
   const bool wide = v >= 20900;
   return std::to_string(wide ? v / 10000 : v / 1000) + "." + std::to_string(wide ? (v / 100) % 100 : (v / 100) % 10) +
          "." + std::to_string(v % 100);
 }
+
+namespace {
+
+constexpr const char* kSoname = "libnccl.so.2";
 
 std::shared_ptr<Api> load(const std::string& path) {
   auto a = std::make_shared<Api>();

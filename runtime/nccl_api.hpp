@@ -26,6 +26,8 @@ std::shared_ptr<const Api> library();
 std::shared_ptr<const Api> open_library(const std::string& path);
 /// True when `api` loaded every symbol; else `why` says what is missing.
 bool available(const Api& api, std::string* why);
+/// NCCL's version code as messages print it, "2.8.4" (2804) or "2.28.3" (22803: 2.9 changed the code's layout).
+std::string version_text(int code);
 
 /// Turns NVLink multicast (NVLS) off for every communicator this process creates:
 /// NCCL_NVLS_ENABLE=0 unless it is already "0". On a shared host multicast can take the GPUs out

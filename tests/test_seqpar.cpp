@@ -594,6 +594,14 @@ TEST(Nccl, NoCudaDriverIsAClearError) {
   }
 }
 
+// NCCL's version codes on both sides of 2.9's change of layout.
+TEST(Nccl, VersionCodesReadAsMajorMinorPatch) {
+  EXPECT_EQ(nccl::version_text(2804), "2.8.4");
+  EXPECT_EQ(nccl::version_text(20900), "2.9.0");
+  EXPECT_EQ(nccl::version_text(22803), "2.28.3");
+  EXPECT_EQ(nccl::version_text(0), "of an unknown version");
+}
+
 // A rank outside [0, nranks) is the caller's mistake, said before anything needs a GPU (the rank == nranks edge too).
 TEST(Nccl, ARankOutsideTheGroupIsRefused) {
   std::string why;
