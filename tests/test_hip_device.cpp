@@ -180,6 +180,11 @@ TEST(HipDevice, AnotherDevicesMemoryIsToldApart) {
   EXPECT_EQ(other.other_device, 0);
   int host = 0;
   EXPECT_EQ(be.pointer_info(&host, 1).kind, PointerKind::Host);
+  // Managed memory serves every device: device 0's taken by a plan of device 1.
+  const void* managed0 = reinterpret_cast<const void*>(reinterpret_cast<uint64_t>(device_ptr(0)) | (1ull << 31));
+  const PointerInfo managed = be.pointer_info(managed0, 1);
+  EXPECT_EQ(managed.kind, PointerKind::Device);
+  EXPECT_EQ(managed.other_device, -1);
 }
 
 // Only hipErrorInvalidValue means memory the runtime does not know (ROCm 5's host memory); another error of
@@ -201,6 +206,7 @@ TEST(HipDevice, APointerQueryThatFailsIsNotTakenForHostMemory) {
   EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the failed query's error is still pending on this thread";
   int host = 0;
   EXPECT_EQ(be.pointer_info(&host, 0).kind, PointerKind::Host) << "hipErrorInvalidValue: memory HIP does not know";
+  EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the host-memory answer is still pending on this thread";
 }
 
 // After a failed launch, run() asks the backend whether the caller's stream is another device's (hipStreamGetDevice,

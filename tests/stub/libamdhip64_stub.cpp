@@ -147,10 +147,12 @@ STUB int hipFuncSetAttribute(const void*, int, int) { return kOk; }
 STUB void* smla_stub_hip_broken_pointer() { return reinterpret_cast<void*>(0xbad2000); }
 STUB int hipPointerGetAttributes(hipPointerAttribute_t* a, const void* p) {
   if (p == smla_stub_hip_broken_pointer()) return g_pending = 3;
-  if (!is_device(p)) return kInvalidValue;  // ROCm 5's answer for plain host memory
+  // ROCm 5's answer for plain host memory; left pending on the thread, as ROCm >= 7 leaves every error until read.
+  if (!is_device(p)) return g_pending = kInvalidValue;
   std::memset(a, 0, sizeof *a);
   a->type = 2;  // hipMemoryTypeDevice (ROCm 6)
   a->device = ordinal_of(p);
+  a->isManaged = (reinterpret_cast<uint64_t>(p) >> 31) & 1;  // bit 31: managed memory (as the CUDA stub's)
   return kOk;
 }
 STUB int hipStreamSynchronize(void*) {
