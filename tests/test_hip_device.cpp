@@ -151,6 +151,17 @@ TEST(HipDevice, AConfigOverTheLdsLimitLoadsNothing) {
   EXPECT_EQ(stub("smla_stub_hip_loads"), loads + 1);
 }
 
+// A module the runtime refuses leaves no error pending on the thread either (load() says it in its exception).
+TEST(HipDevice, ARefusedModuleLeavesNoErrorPending) {
+  hip::HipBackend be;
+  std::string why;
+  ASSERT_TRUE(be.usable(&why)) << why;
+  const KernelSpec spec = make_spec("delta", "smla_delta", {}, grid_xy(1), 256);
+  const std::vector<uint8_t> bad{'B', 'A', 'D', 0};
+  EXPECT_THROW(be.load(spec, bad, 0), Error);
+  EXPECT_EQ(stub("smla_stub_hip_pending"), 0) << "the refused load's error is still pending on this thread";
+}
+
 // A failed launch leaves no error pending on the thread: on ROCm >= 7 a pending error fails the next rocPRIM sort of a
 // corrected run, and the host framework's next launch check (load() already cleared it after its own failures).
 TEST(HipDevice, AFailedLaunchLeavesNoErrorPending) {

@@ -111,7 +111,9 @@ STUB int hipGetDeviceProperties(void* prop, int device) { return device_properti
 STUB int hipGetDevicePropertiesR0600(void* prop, int device) { return device_properties(prop, device); }
 int g_loads = 0;
 STUB int smla_stub_hip_loads() { return g_loads; }
-STUB int hipModuleLoadData(void** module, const void*) {
+// An image starting "BAD" is refused (hipErrorInvalidImage, 200), the error left pending as ROCm >= 7 leaves it.
+STUB int hipModuleLoadData(void** module, const void* image) {
+  if (image && std::memcmp(image, "BAD", 3) == 0) return g_pending = 200;
   static int modules;
   *module = &modules;
   g_load_device = g_current;
