@@ -151,6 +151,21 @@ TEST(HipDevice, AConfigOverTheLdsLimitLoadsNothing) {
   EXPECT_EQ(stub("smla_stub_hip_loads"), loads + 1);
 }
 
+// A runtime that finds no GPU (a count of 0, no error) leaves the backend unusable, saying so. In a process of its own
+// (the backend asks the runtime once a process).
+TEST(HipDeviceDeathTest, ARuntimeThatFindsNoGpuIsUnusable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        ::setenv("SMLA_STUB_HIP_NO_DEVICE", "1", 1);
+        std::string why;
+        const bool usable = hip::HipBackend().usable(&why);
+        std::fprintf(stderr, "usable=%d: %s\n", int(usable), why.c_str());
+        std::exit(usable ? 1 : 0);
+      },
+      ::testing::ExitedWithCode(0), "usable=0: HIP backend unusable: no AMD GPU found \\(hipGetDeviceCount returned 0\\)");
+}
+
 // A module the runtime refuses leaves no error pending on the thread either (load() says it in its exception).
 TEST(HipDevice, ARefusedModuleLeavesNoErrorPending) {
   hip::HipBackend be;

@@ -6,6 +6,7 @@
 // does not need here (hipRTC, allocation) answers hipErrorNotSupported. Exports the symbols runtime/hip/hip_api.cpp
 // binds, plus smla_stub_hip_* to read what the calls found.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -77,8 +78,10 @@ STUB int hipGetLastError() {
   g_pending = kOk;
   return e;
 }
+// SMLA_STUB_HIP_NO_DEVICE=1: a runtime that finds no GPU (count 0, no error).
 STUB int hipGetDeviceCount(int* n) {
-  *n = kDevices;
+  const char* none = std::getenv("SMLA_STUB_HIP_NO_DEVICE");
+  *n = none && std::strcmp(none, "1") == 0 ? 0 : kDevices;
   return kOk;
 }
 STUB int hipDeviceGet(int* d, int ordinal) {
