@@ -132,6 +132,38 @@ TEST_F(PlanCache, APlanUnderABoundBelowItsOwnKernelsCompilesEachUnitOnce) {
   EXPECT_LE(entries_of(dir_).size(), 1u);
 }
 
+// plan() checks each loaded kernel against its launch, by name, before any run(): the threads a block its compile
+// allows, the register count a setmaxnreg split is sized for (under another it would hang), and its own static shared
+// memory beside the dynamic carve. The stub reports those limits as a compiled kernel would (SMLA_STUB_FUNC_*).
+TEST_F(PlanCache, EachKernelIsCheckedAgainstItsLaunchAtPlanTime) {
+  // H 128 at the seed's top-k: dq's producer body (384 threads, a register split) with ~200 KB of shared memory.
+  const Case seedlike{64, 128, 600, 512, 0, true, ref::TopkKind::Uniform};
+  const std::string split = std::to_string(65536 / 384 / 8 * 8);  // smla_launch_regs(384), common.cuh
+  auto refusal = [&](const char* var, const std::string& value) -> std::string {
+    ::setenv("SMLA_STUB_FUNC_REGS", split.c_str(), 1);
+    ::setenv(var, value.c_str(), 1);
+    std::string said;
+    try {
+      const PlanInfo info = plan_in_new_runtime(seedlike);
+      said = "(planned: " + std::to_string(info.kernels.size()) + " launches)";
+    } catch (const Error& e) {
+      said = std::string(status_name(e.status())) + ": " + e.message();
+    }
+    ::unsetenv(var);
+    ::unsetenv("SMLA_STUB_FUNC_REGS");
+    return said;
+  };
+  EXPECT_EQ(refusal("SMLA_STUB_FUNC_REGS", split).rfind("(planned", 0), 0u) << "the premise: the stub's kernels fit";
+  std::string r = refusal("SMLA_STUB_FUNC_MAX_THREADS", "128");
+  EXPECT_NE(r.find("threads a block; the compiled kernel allows 128"), std::string::npos) << r;
+  for (int off : {-8, 8}) {
+    r = refusal("SMLA_STUB_FUNC_REGS", std::to_string(std::stoi(split) + off));
+    EXPECT_NE(r.find("its setmaxnreg split between warpgroups is sized for " + split), std::string::npos) << off << ": " << r;
+  }
+  r = refusal("SMLA_STUB_FUNC_STATIC_SMEM", "40000");
+  EXPECT_NE(r.find("bytes of shared memory and 40000 of its own; the device allows 232448"), std::string::npos) << r;
+}
+
 // One of the stub driver's counters (tests/stub/libcuda_stub.c).
 int stub_count(const char* counter) {
   void* h = ::dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);

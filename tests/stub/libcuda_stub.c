@@ -254,10 +254,19 @@ int cuModuleGetFunction(void** fn, void* module, const char* name) {
   *fn = (char*)module + 1;
   return OK;
 }
+/* What every function reports may be set, as a compiled kernel's own limits: SMLA_STUB_FUNC_MAX_THREADS (default
+ * 1024), SMLA_STUB_FUNC_STATIC_SMEM (default 0), SMLA_STUB_FUNC_REGS (default 0). */
+static int env_int(const char* name, int fallback) {
+  const char* e = getenv(name);
+  return e && *e ? atoi(e) : fallback;
+}
 int cuFuncGetAttribute(int* v, int attr, void* fn) {
   STUB_MODULES_GUARD;
   (void)fn;
-  *v = attr == FUNC_MAX_THREADS ? 1024 : 0;
+  *v = attr == FUNC_MAX_THREADS    ? env_int("SMLA_STUB_FUNC_MAX_THREADS", 1024)
+       : attr == FUNC_SHARED_BYTES ? env_int("SMLA_STUB_FUNC_STATIC_SMEM", 0)
+       : attr == FUNC_NUM_REGS     ? env_int("SMLA_STUB_FUNC_REGS", 0)
+                                   : 0;
   return attr == FUNC_MAX_THREADS || attr == FUNC_SHARED_BYTES || attr == FUNC_NUM_REGS ? OK : INVALID_VALUE;
 }
 int cuFuncSetAttribute(void* fn, int attr, int v) {
