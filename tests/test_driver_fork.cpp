@@ -99,6 +99,9 @@ int scenario(const std::string& name) {
       std::printf("%s kind=%d other=%d queries=%d\n", what, int(where.kind), where.other_device,
                   stub_count("smla_stub_pointer_queries") - before);
     }
+    CUcontext now = reinterpret_cast<CUcontext>(1);
+    SMLA_CU(cuda::driver().CtxGetCurrent(&now));
+    std::printf("none current after=%d\n", int(now == nullptr));
     // The CPU backend, the driver now open: managed memory is host memory to it, plain device memory is not.
     const CpuBackend cpu;
     std::printf("cpu: managed1 device=%d device0 device=%d\n",
@@ -267,6 +270,18 @@ TEST(DriverFork, OnePointerQueryATensor) {
   EXPECT_TRUE(has(out, line("managed1", PointerKind::Device, -1))) << out;  // managed memory serves every device
   // The CPU backend took managed memory before the driver was open, and refused it as device memory after.
   EXPECT_TRUE(has(out, "cpu: managed1 device=0 device0 device=1\n")) << out;
+  EXPECT_TRUE(has(out, "none current after=1\n")) << out;
+  // A driver that wants a current context for the query: asked again under device 0's primary context, which is
+  // then put back to none.
+  const std::string ctx = run_scenario("pointer-queries", true, "SMLA_STUB_DEVICES=2 SMLA_STUB_POINTER_NEEDS_CONTEXT=1 ");
+  const auto again = [](const char* what, PointerKind kind, int other) {
+    return std::string(what) + " kind=" + std::to_string(int(kind)) + " other=" + std::to_string(other) +
+           " queries=2\n";
+  };
+  EXPECT_TRUE(has(ctx, again("host", PointerKind::Host, -1))) << ctx;
+  EXPECT_TRUE(has(ctx, again("device0", PointerKind::Device, -1))) << ctx;
+  EXPECT_TRUE(has(ctx, again("device1", PointerKind::Device, 1))) << ctx;
+  EXPECT_TRUE(has(ctx, "none current after=1\n")) << ctx;
 }
 
 // run() names a stream the plan's device cannot use (the driver says only "invalid resource handle"): the backend's

@@ -177,9 +177,13 @@ int cuPointerGetAttribute(void* out, int attr, unsigned long long ptr) {
 }
 
 /* Memory CUDA does not know is no error here: its attributes are zero (the driver's "default NULL values"). */
+/* SMLA_STUB_POINTER_NEEDS_CONTEXT=1: a driver that wants a current context for the query (CUDA_ERROR_INVALID_CONTEXT
+ * without one), as smla allows for. */
 int cuPointerGetAttributes(unsigned n, int* attrs, void** data, unsigned long long ptr) {
   STUB_GUARD;
   ++pointer_queries;
+  const char* needs = getenv("SMLA_STUB_POINTER_NEEDS_CONTEXT");
+  if (needs && strcmp(needs, "1") == 0 && !current_ctx) return INVALID_CONTEXT;
   for (unsigned i = 0; i < n; ++i) {
     if (!is_device(ptr)) {
       if (attrs[i] == IS_MANAGED) *(unsigned char*)data[i] = 0;
