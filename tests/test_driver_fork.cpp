@@ -260,9 +260,9 @@ TEST(DriverFork, AChildOfAProcessThatInitialisedCudaIsToldToSpawn) {
 // asked twice for each device pointer (the type, then the ordinal), three times for another device's.
 TEST(DriverFork, OnePointerQueryATensor) {
   const std::string out = run_scenario("pointer-queries");
-  const auto line = [](const char* what, PointerKind kind, int other) {
+  const auto line = [](const char* what, PointerKind kind, int other, int queries = 1) {
     return std::string(what) + " kind=" + std::to_string(int(kind)) + " other=" + std::to_string(other) +
-           " queries=1\n";
+           " queries=" + std::to_string(queries) + "\n";
   };
   EXPECT_TRUE(has(out, line("host", PointerKind::Host, -1))) << out;
   EXPECT_TRUE(has(out, line("device0", PointerKind::Device, -1))) << out;
@@ -274,13 +274,9 @@ TEST(DriverFork, OnePointerQueryATensor) {
   // A driver that wants a current context for the query: asked again under device 0's primary context, which is
   // then put back to none.
   const std::string ctx = run_scenario("pointer-queries", true, "SMLA_STUB_DEVICES=2 SMLA_STUB_POINTER_NEEDS_CONTEXT=1 ");
-  const auto again = [](const char* what, PointerKind kind, int other) {
-    return std::string(what) + " kind=" + std::to_string(int(kind)) + " other=" + std::to_string(other) +
-           " queries=2\n";
-  };
-  EXPECT_TRUE(has(ctx, again("host", PointerKind::Host, -1))) << ctx;
-  EXPECT_TRUE(has(ctx, again("device0", PointerKind::Device, -1))) << ctx;
-  EXPECT_TRUE(has(ctx, again("device1", PointerKind::Device, 1))) << ctx;
+  EXPECT_TRUE(has(ctx, line("host", PointerKind::Host, -1, 2))) << ctx;
+  EXPECT_TRUE(has(ctx, line("device0", PointerKind::Device, -1, 2))) << ctx;
+  EXPECT_TRUE(has(ctx, line("device1", PointerKind::Device, 1, 2))) << ctx;
   EXPECT_TRUE(has(ctx, "none current after=1\n")) << ctx;
 }
 

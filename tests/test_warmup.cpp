@@ -729,6 +729,18 @@ TEST(WarmupTool, UsageErrors) {
   EXPECT_NE(r.out.find("A:B:STEP"), std::string::npos) << "--help does not document ranges";
 }
 
+// A copy of the repository's kernel sources in `scratch` (its path; "" with a failure when they are not there).
+std::string copy_of_kernel_src(const TempDir& scratch) {
+  const fs::path repo_src = fs::path(__FILE__).parent_path().parent_path() / "kernel_src";
+  if (!fs::exists(repo_src / "dq.cu") || !fs::exists(repo_src / "common.cuh")) {
+    ADD_FAILURE() << "no kernel sources at " << repo_src;
+    return "";
+  }
+  const std::string src = scratch.path + "/kernel_src";
+  fs::copy(repo_src, src);
+  return src;
+}
+
 // A unit that fails to compile is one line in the report that still names the cause: the compile log's first line
 // saying "error" after the message's first line (a static_assert's text here, in the header every unit includes).
 TEST(Warmup, AFailedCompileNamesItsCauseInItsLine) {
@@ -736,10 +748,8 @@ TEST(Warmup, AFailedCompileNamesItsCauseInItsLine) {
   std::string why;
   ASSERT_TRUE(nvrtc.available(&why)) << "CI has NVRTC: " << why;
   TempDir scratch;
-  const std::string src = scratch.path + "/kernel_src";
-  const fs::path repo_src = fs::path(__FILE__).parent_path().parent_path() / "kernel_src";
-  ASSERT_TRUE(fs::exists(repo_src / "common.cuh")) << repo_src;
-  fs::copy(repo_src, src);
+  const std::string src = copy_of_kernel_src(scratch);
+  ASSERT_FALSE(src.empty());
   std::ofstream(src + "/common.cuh", std::ios::app) << "\nstatic_assert(sizeof(int) == 3, \"smla-test-boom\");\n";
   WarmupOptions o;
   o.out_dir = scratch.path + "/aot";
@@ -761,10 +771,8 @@ TEST(Warmup, AFailedCompileNamesItsCauseInItsLine) {
 // keys no plan looks up. A copy of the sources with one byte more in dq.cu: dq's key changes, no other.
 TEST(WarmupTool, KernelSourceDirFromTheEnvironmentAsPlanReadsIt) {
   TempDir scratch;
-  const std::string src = scratch.path + "/kernel_src";
-  const fs::path repo_src = fs::path(__FILE__).parent_path().parent_path() / "kernel_src";
-  ASSERT_TRUE(fs::exists(repo_src / "dq.cu")) << repo_src;
-  fs::copy(repo_src, src);
+  const std::string src = copy_of_kernel_src(scratch);
+  ASSERT_FALSE(src.empty());
   std::ofstream(src + "/dq.cu", std::ios::app) << "\n";
   // The keys of a dry run, per kernel, with `env` (VAR=VALUE words) in the tool's environment.
   auto keys = [&](const std::string& env) {
