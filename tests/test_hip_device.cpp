@@ -13,6 +13,8 @@
 
 #include "runtime/hip/hip_api.hpp"
 #include "runtime/hip/hip_backend.hpp"
+#include "runtime/hip/kernels_hip.hpp"
+#include "runtime/hip/rocprim_sort.hpp"
 #include "runtime/phases.hpp"
 
 namespace smla::test {
@@ -164,6 +166,63 @@ TEST(HipDeviceDeathTest, ARuntimeThatFindsNoGpuIsUnusable) {
         std::exit(usable ? 1 : 0);
       },
       ::testing::ExitedWithCode(0), "usable=0: HIP backend unusable: no AMD GPU found \\(hipGetDeviceCount returned 0\\)");
+}
+
+// HIP's csr sort (rocPRIM: a library call, not a compiled kernel) reads the pairs smla_csr_keys wrote, in buffer
+// 1 - csr_final, and writes buffer csr_final, where rowptr and gather read; csr_hist is its scratch, of the size the plan
+// reserved. With the buffers swapped every AMD run would sum dkv from unsorted slots. Checked through a stand-in library
+// that records what it is handed (tests/stub/fake_rocprim.cpp), in a process of its own: the library is opened once.
+// The child's check: 0 when the sort was handed the right buffers, sizes and scratch, for either csr_final.
+int csr_sort_check() {
+  std::string why;
+  const hip::RocprimSort* sort = hip::RocprimSort::get(&why, SMLA_FAKE_ROCPRIM);
+  if (!sort || sort->path() != SMLA_FAKE_ROCPRIM) {
+    std::fprintf(stderr, "the stand-in sort was not the one opened: %s\n", why.c_str());
+    return 2;
+  }
+  void* h = ::dlopen(SMLA_FAKE_ROCPRIM, RTLD_NOW | RTLD_NOLOAD);
+  auto last = h ? reinterpret_cast<int (*)(const void**, int*, void**, size_t*)>(
+                      ::dlsym(h, "smla_fake_rocprim_last"))
+                : nullptr;
+  if (!last) return 3;
+  hip::HipBackend be;
+  KernelSpec spec = make_spec(kRocprimStem, "rocprim::radix_sort_pairs", {}, grid_xy(1), 1);
+  spec.scratch_bytes = 256;
+  auto k = be.load(spec, {}, 0);
+  auto at = [](uintptr_t a) { return reinterpret_cast<int*>(a); };
+  SmlaParams p{};
+  p.T = 4, p.r_chunk = 8, p.num_kv = 100;
+  p.csr_keys[0] = at(0x1000), p.csr_keys[1] = at(0x2000), p.csr_vals[0] = at(0x3000), p.csr_vals[1] = at(0x4000);
+  p.csr_hist = at(0x5000);
+  int wrong = 0;
+  for (int final_buffer : {1, 0}) {
+    p.csr_final = final_buffer;
+    be.launch(*k, spec, p, nullptr);
+    const void* buf[4];
+    int ints[3];
+    void* temp = nullptr;
+    size_t temp_bytes = 0;
+    last(buf, ints, &temp, &temp_bytes);
+    const int in = 1 - final_buffer, out = final_buffer;
+    if (buf[0] != p.csr_keys[in] || buf[1] != p.csr_keys[out] || buf[2] != p.csr_vals[in] ||
+        buf[3] != p.csr_vals[out]) {
+      std::fprintf(stderr, "csr_final %d: the sort was handed other buffers\n", final_buffer);
+      ++wrong;
+    }
+    if (ints[0] != 32 || ints[1] != 0 || ints[2] != hip::radix_bits_for(100) || temp != p.csr_hist ||
+        temp_bytes != 256) {
+      std::fprintf(stderr, "csr_final %d: n %d, bits [%d, %d), scratch %zu bytes\n", final_buffer, ints[0],
+                   ints[1], ints[2], temp_bytes);
+      ++wrong;
+    }
+  }
+  std::fprintf(stderr, "wrong=%d\n", wrong);
+  return wrong ? 1 : 0;
+}
+
+TEST(HipDeviceDeathTest, TheCsrSortReadsTheKeysAndWritesTheFinalBuffer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(csr_sort_check()), ::testing::ExitedWithCode(0), "wrong=0");
 }
 
 // A module the runtime refuses leaves no error pending on the thread either (load() says it in its exception).
