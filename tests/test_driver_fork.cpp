@@ -312,14 +312,20 @@ TEST(DriverFork, AForeignStreamIsNamed) {
 TEST(DriverFork, BackendsReportsAGpuBelowSm80InsteadOfThrowing) {
   const std::string ok = run_scenario("backends");
   ASSERT_TRUE(has(ok, "cuda usable=1 detail=1 device(s), target sm_90a")) << "the stub's default device:\n" << ok;
-  // A driver that reports no device: the backend is unusable, saying so, and Auto takes the CPU.
-  const std::string none = run_scenario("backends", true, "SMLA_STUB_DEVICES=0 ");
-  EXPECT_TRUE(has(none, "cuda usable=0 detail=the CUDA driver reports no device")) << none;
   const std::string out = run_scenario("backends", true, "SMLA_STUB_CC=75 ");
   EXPECT_FALSE(has(out, "backends threw")) << out;
   EXPECT_TRUE(has(out, "cuda usable=1 detail=1 device(s); device 0: compute capability 7.5 is below the supported "
                        "minimum 8.0"))
       << out;
+}
+
+// Two drivers backends() must read right: one that reports no device (unusable, saying so), and one before 12.8,
+// which has cuEventElapsedTime without cuda.h 13's _v2 (usable: only timing needs that call).
+TEST(DriverFork, BackendsOfADriverWithNoDeviceAndOfAnOlderDriver) {
+  const std::string none = run_scenario("backends", true, "SMLA_STUB_DEVICES=0 ");
+  EXPECT_TRUE(has(none, "cuda usable=0 detail=the CUDA driver reports no device")) << none;
+  const std::string old_driver = run_scenario("backends", false, "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA_OLD "' ");
+  EXPECT_TRUE(has(old_driver, "cuda usable=1 detail=1 device(s), target sm_90a")) << old_driver;
 }
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.

@@ -293,6 +293,12 @@ STUB_UNSUPPORTED(cuStreamDestroy_v2) STUB_UNSUPPORTED(cuStreamSynchronize) STUB_
 STUB_UNSUPPORTED(cuStreamCreateWithPriority) STUB_UNSUPPORTED(cuStreamWaitEvent)
 STUB_UNSUPPORTED(cuStreamIsCapturing) STUB_UNSUPPORTED(cuCtxGetStreamPriorityRange)
 STUB_UNSUPPORTED(cuEventDestroy_v2) STUB_UNSUPPORTED(cuEventRecord) STUB_UNSUPPORTED(cuEventSynchronize)
-STUB_UNSUPPORTED(cuEventElapsedTime_v2) STUB_UNSUPPORTED(cuStreamBeginCapture_v2)
+/* Built with STUB_OLD_DRIVER: a driver before 12.8, whose cuda.h had only the unversioned cuEventElapsedTime. */
+#ifdef STUB_OLD_DRIVER
+STUB_UNSUPPORTED(cuEventElapsedTime)
+#else
+STUB_UNSUPPORTED(cuEventElapsedTime_v2)
+#endif
+STUB_UNSUPPORTED(cuStreamBeginCapture_v2)
 STUB_UNSUPPORTED(cuStreamEndCapture) STUB_UNSUPPORTED(cuGraphInstantiateWithFlags) STUB_UNSUPPORTED(cuGraphLaunch)
 STUB_UNSUPPORTED(cuGraphExecDestroy) STUB_UNSUPPORTED(cuGraphDestroy)
