@@ -29,14 +29,7 @@ SMLA_FAKE(hipFree)
 SMLA_FAKE(hipMemcpy)
 SMLA_FAKE(hipMemcpyHtoD)
 SMLA_FAKE(hipMemcpyDtoH)
-SMLA_FAKE(hiprtcVersion)
-SMLA_FAKE(hiprtcCreateProgram)
-SMLA_FAKE(hiprtcCompileProgram)
-SMLA_FAKE(hiprtcGetProgramLogSize)
-SMLA_FAKE(hiprtcGetProgramLog)
-SMLA_FAKE(hiprtcGetCodeSize)
-SMLA_FAKE(hiprtcGetCode)
-SMLA_FAKE(hiprtcDestroyProgram)
+#include "fake_hiprtc_symbols.h"
 
 extern "C" __attribute__((visibility("default"))) int hipRuntimeGetVersion(int* v) {
   // The real one initializes every GPU: a test that must not reach it sets this and expects no exit 7.

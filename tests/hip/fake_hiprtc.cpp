@@ -4,14 +4,5 @@
 #define SMLA_FAKE(name) \
   extern "C" __attribute__((visibility("default"))) int name() { return 1; }
 
-SMLA_FAKE(hiprtcVersion)
-#ifndef SMLA_FAKE_HIPRTC_NO_CREATE
-SMLA_FAKE(hiprtcCreateProgram)
-#endif
+#include "fake_hiprtc_symbols.h"
 SMLA_FAKE(hiprtcGetErrorString)
-SMLA_FAKE(hiprtcCompileProgram)
-SMLA_FAKE(hiprtcGetProgramLogSize)
-SMLA_FAKE(hiprtcGetProgramLog)
-SMLA_FAKE(hiprtcGetCodeSize)
-SMLA_FAKE(hiprtcGetCode)
-SMLA_FAKE(hiprtcDestroyProgram)

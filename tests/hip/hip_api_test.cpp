@@ -14,12 +14,13 @@
 namespace smla::hip {
 namespace {
 
-// In a fresh process: runs `setup`, opens the HIP runtime and prints what it opened (or why not).
+// In a fresh process: runs `setup`, opens the HIP runtime and prints what it opened, and where hipRTC was bound from
+// (or why nothing was opened).
 void report_opened(void (*setup)()) {
   setup();
   std::string why;
   const Api* a = Api::get(&why);
-  if (a) std::fprintf(stderr, "opened=%s\n", a->hip_library.c_str());
+  if (a) std::fprintf(stderr, "opened=%s\nhiprtc=%s\n", a->hip_library.c_str(), a->hiprtc_library.c_str());
   else std::fprintf(stderr, "not opened: %s\n", why.c_str());
   std::fflush(stderr);
   std::_Exit(a ? 0 : 1);
@@ -46,26 +47,15 @@ TEST(HipApi, SmlaLibhipNamesTheRuntimeAndIsNotSilentlyReplaced) {
               "libamdhip64.so, or unset it");
 }
 
-// In a fresh process: opens the HIP runtime of `dir` and prints which library hipRTC was bound from (or why none).
-void report_hiprtc(const char* dir) {
-  setenv("SMLA_LIBHIP", (std::string(dir) + "/libamdhip64.so.6").c_str(), 1);
-  std::string why;
-  const Api* a = Api::get(&why);
-  if (a) std::fprintf(stderr, "hiprtc=%s\n", a->hiprtc_library.c_str());
-  else std::fprintf(stderr, "not opened: %s\n", why.c_str());
-  std::fflush(stderr);
-  std::_Exit(a ? 0 : 1);
-}
-
 // hipRTC (a library of its own from ROCm 6) is bound from the one beside the HIP runtime, of the runtime's major
 // version (another ROCm's would not match it), and from the runtime itself when that library is not hipRTC (it lacks
 // hiprtcCreateProgram; ROCm 5 kept hipRTC inside libamdhip64).
 TEST(HipApi, HipRtcIsBoundBesideTheRuntimeOfItsMajorVersion) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(report_hiprtc(SMLA_FAKE_HIP_RTC_DIR "whole"), ::testing::ExitedWithCode(0),
-              "hiprtc=" SMLA_FAKE_HIP_RTC_DIR "whole/libhiprtc.so.6\n");
-  EXPECT_EXIT(report_hiprtc(SMLA_FAKE_HIP_RTC_DIR "nocreate"), ::testing::ExitedWithCode(0),
-              "hiprtc=" SMLA_FAKE_HIP_RTC_DIR "nocreate/libamdhip64.so.6\n");
+  EXPECT_EXIT(report_opened([] { setenv("SMLA_LIBHIP", SMLA_FAKE_HIP_RTC_DIR "whole/libamdhip64.so.6", 1); }),
+              ::testing::ExitedWithCode(0), "hiprtc=" SMLA_FAKE_HIP_RTC_DIR "whole/libhiprtc.so.6\n");
+  EXPECT_EXIT(report_opened([] { setenv("SMLA_LIBHIP", SMLA_FAKE_HIP_RTC_DIR "nocreate/libamdhip64.so.6", 1); }),
+              ::testing::ExitedWithCode(0), "hiprtc=" SMLA_FAKE_HIP_RTC_DIR "nocreate/libamdhip64.so.6\n");
 }
 
 // Opening the runtime (as each hipRTC worker does, and a host that asks only whether smla compiles) calls nothing
