@@ -23,6 +23,7 @@
 #include "runtime/cuda/cuda_backend.hpp"
 #include "smla/smla.hpp"
 #include "tests/e2e_common.hpp"
+#include "tests/stub/stub_symbol.hpp"
 
 namespace smla::test {
 namespace {
@@ -31,12 +32,9 @@ const Case kTiny{16, 16, 40, 64, 0, true, ref::TopkKind::Uniform};
 
 // One of the stub's counters (smla_stub_cuinit_calls, smla_stub_pointer_queries); 0 when the stub is not loaded.
 int stub_count(const char* counter) {
-  void* h = dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return 0;  // not even loaded
-  auto fn = reinterpret_cast<int (*)()>(dlsym(h, counter));
-  const int n = fn ? fn() : -1;
-  dlclose(h);
-  return n;
+  bool loaded = false;
+  const auto fn = stub_symbol<int (*)()>(SMLA_STUB_LIBCUDA, counter, &loaded);
+  return !loaded ? 0 : fn ? fn() : -1;  // not even loaded: 0
 }
 
 // The stub's device memory (tests/stub/libcuda_stub.c): device `ordinal`'s, managed or not.

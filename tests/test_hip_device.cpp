@@ -16,6 +16,7 @@
 #include "runtime/hip/kernels_hip.hpp"
 #include "runtime/hip/rocprim_sort.hpp"
 #include "runtime/phases.hpp"
+#include "tests/stub/stub_symbol.hpp"
 
 namespace smla::test {
 namespace {
@@ -23,15 +24,10 @@ namespace {
 // Before anything opens the HIP runtime (once a process): the stub.
 const bool g_stub_named = [] { return ::setenv("SMLA_LIBHIP", SMLA_STUB_LIBHIP, 1) == 0; }();
 
-// One of the stub's smla_stub_hip_* functions; null when the stub is not the HIP runtime loaded. (The backend keeps the
-// runtime loaded, so this lookup's own reference is dropped at once.)
+// One of the stub's smla_stub_hip_* functions; null when the stub is not the HIP runtime loaded.
 template <class F>
 F stub_function(const char* name) {
-  void* h = dlopen(SMLA_STUB_LIBHIP, RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return nullptr;
-  const F fn = reinterpret_cast<F>(dlsym(h, name));
-  dlclose(h);
-  return fn;
+  return test::stub_symbol<F>(SMLA_STUB_LIBHIP, name);
 }
 
 // What the stub saw (smla_stub_hip_*): the device current at the last call of a kind; -2 when the stub is not loaded.
@@ -180,10 +176,8 @@ int csr_sort_check() {
     std::fprintf(stderr, "the stand-in sort was not the one opened: %s\n", why.c_str());
     return 2;
   }
-  void* h = ::dlopen(SMLA_FAKE_ROCPRIM, RTLD_NOW | RTLD_NOLOAD);
-  auto last = h ? reinterpret_cast<int (*)(const void**, int*, void**, size_t*)>(
-                      ::dlsym(h, "smla_fake_rocprim_last"))
-                : nullptr;
+  const auto last =
+      test::stub_symbol<int (*)(const void**, int*, void**, size_t*)>(SMLA_FAKE_ROCPRIM, "smla_fake_rocprim_last");
   if (!last) return 3;
   hip::HipBackend be;
   KernelSpec spec = make_spec(kRocprimStem, "rocprim::radix_sort_pairs", {}, grid_xy(1), 1);

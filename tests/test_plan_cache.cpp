@@ -19,6 +19,7 @@
 
 #include "smla/smla.hpp"
 #include "tests/e2e_common.hpp"
+#include "tests/stub/stub_symbol.hpp"
 
 namespace smla::test {
 namespace {
@@ -166,12 +167,8 @@ TEST_F(PlanCache, EachKernelIsCheckedAgainstItsLaunchAtPlanTime) {
 
 // One of the stub driver's counters (tests/stub/libcuda_stub.c).
 int stub_count(const char* counter) {
-  void* h = ::dlopen(SMLA_STUB_LIBCUDA, RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return -1;
-  auto fn = reinterpret_cast<int (*)()>(::dlsym(h, counter));
-  const int n = fn ? fn() : -2;
-  ::dlclose(h);
-  return n;
+  const auto fn = stub_symbol<int (*)()>(SMLA_STUB_LIBCUDA, counter);
+  return fn ? fn() : -1;
 }
 
 // Once the plan and its Runtime are gone, every module they loaded is unloaded, each after the context's work is done
