@@ -5,7 +5,9 @@
 //     is refused with that reason, and Auto resolves to the CPU;
 //   - a child of a process that initialised CUDA itself (PyTorch, say) is told to use spawn when cuInit fails;
 //   - the CUDA backend asks the driver once about each pointer run() checks;
-//   - backends() reports a GPU below sm_80 (SMLA_STUB_CC) instead of throwing.
+//   - backends() reports a GPU below sm_80 (SMLA_STUB_CC) instead of throwing;
+//   - an NCCL communicator (runtime/nccl_api.cpp, over the fake libnccl of tests/stub/fake_nccl.cpp) calls NCCL under
+//     its device's primary context, keeps the caller's, releases what it retained, and aborts rather than destroys.
 // Each scenario is this executable run again with --scenario NAME; it prints what it found, one item a line.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,8 @@
 #include "runtime/cpu_backend.hpp"
 #include "runtime/cuda/cuda_api.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/nccl_api.hpp"
+#include "runtime/seqpar.hpp"
 #include "smla/smla.hpp"
 #include "tests/e2e_common.hpp"
 #include "tests/stub/stub_symbol.hpp"
@@ -78,7 +82,109 @@ int fork_and_report() {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+// ---- NCCL's communicator, over the stub driver (SMLA_STUB_DEVICES=2) and the fake libnccl
+
+// A stub context handle as the NCCL lines print it (tests/stub/libcuda_stub.c: 0xc0000 + 16 device, + 8 if not primary).
+std::string ctx_name(const void* ctx) {
+  const auto v = reinterpret_cast<uintptr_t>(ctx);
+  if (!ctx) return "none";
+  if (v < 0xc0000 || (v - 0xc0000) % 8 != 0) return "unknown";
+  return "dev" + std::to_string((v - 0xc0000) / 16) + ((v - 0xc0000) % 16 ? "-other" : "-primary");
+}
+
+std::string current_ctx_name() {
+  CUcontext now = reinterpret_cast<CUcontext>(1);
+  return cuda::driver().CtxGetCurrent(&now) == CUDA_SUCCESS ? ctx_name(now) : "unreadable";
+}
+
+// "<what> calls=N ctx=<context current at the last>": what the fake library `lib` saw of one NCCL call.
+void print_nccl_calls(const char* lib, const char* what) {
+  const auto calls = stub_symbol<int (*)(const char*, void**)>(lib, "smla_fake_nccl_calls");
+  void* ctx = nullptr;
+  const int n = calls ? calls(what, &ctx) : -2;
+  std::printf("%s calls=%d%s\n", what, n, n > 0 ? (" ctx=" + ctx_name(ctx)).c_str() : "");
+}
+
+// The communicator of rank 1 of 2 on device 1, made on a thread whose current context is device 0's other one.
+int nccl_scenario(const std::string& name) {
+  const char* lib = name == "nccl-abort-old" ? SMLA_FAKE_NCCL_NO_ABORT : SMLA_FAKE_NCCL;
+  const auto api = nccl::open_library(lib);
+  std::string why;
+  if (!nccl::available(*api, &why) || !cuda::driver().ok) {
+    std::printf("not usable: %s %s\n", why.c_str(), cuda::driver().why.c_str());
+    return 1;
+  }
+  SMLA_CU(cuda::driver().CtxSetCurrent(reinterpret_cast<CUcontext>(0xc0008)));  // the caller's own: device 0's other
+  const auto held = [] { return stub_count("smla_stub_primary_contexts_held"); };
+  if (name == "nccl-init-fails") {
+    try {
+      nccl::Communicator c(api, nccl::unique_id(*api), 1, 2, 1);
+      std::printf("init accepted\n");
+    } catch (const Error& e) {
+      std::printf("init threw %s: %s\n", status_name(e.status()), e.message().c_str());
+    }
+    print_nccl_calls(lib, "init");
+    std::printf("at end: primary held=%d current=%s\n", held(), current_ctx_name().c_str());
+    return 0;
+  }
+  if (name == "nccl-rank-refused") {  // a rank whose backward refuses its plan (not a rank_problem's) aborts NCCL
+    seqpar::NcclReducer red(nccl::unique_id(*api), 1, 2, 1, lib);
+    const auto plan = Runtime().plan(make_problem(BackendKind::Cpu, kTiny));
+    try {
+      seqpar::backward(*plan, Tensors{}, nullptr, 0, nullptr, red);
+      std::printf("backward accepted\n");
+    } catch (const Error& e) {
+      std::printf("backward threw %s\n", status_name(e.status()));
+    }
+    print_nccl_calls(lib, "abort");
+    return 0;
+  }
+  {
+    nccl::Communicator c(api, nccl::unique_id(*api), 1, 2, 1);
+    int rank = -1, nranks = -1, id_ours = -1;
+    if (auto args = stub_symbol<void (*)(int*, int*, int*)>(lib, "smla_fake_nccl_init_args")) args(&rank, &nranks, &id_ours);
+    std::printf("init rank=%d nranks=%d id ours=%d\n", rank, nranks, id_ours);
+    print_nccl_calls(lib, "init");
+    std::printf("after init: primary held=%d current=%s\n", held(), current_ctx_name().c_str());
+    if (name != "nccl-life") {
+      c.abort();
+      c.abort();  // a second abort is a no-op
+      print_nccl_calls(lib, "abort");
+      std::printf("after abort: current=%s\n", current_ctx_name().c_str());
+    }
+    void* dev1 = const_cast<void*>(stub_device_ptr(1, false));
+    auto stream = stub_symbol<void* (*)(int, int)>(SMLA_STUB_LIBCUDA, "smla_stub_stream");
+    void* s1 = stream ? stream(1, 1) : nullptr;
+    try {
+      c.all_reduce_sum(static_cast<float*>(dev1), 1000, s1);
+      std::printf("reduce accepted\n");
+    } catch (const Error& e) {
+      std::printf("reduce threw %s: %s\n", status_name(e.status()), e.message().c_str());
+    }
+    print_nccl_calls(lib, "reduce");
+    const void* send = nullptr;
+    void *recv = nullptr, *on = nullptr;
+    size_t count = 0;
+    int type = -1, op = -1;
+    if (auto last = stub_symbol<int (*)(const void**, void**, void**, size_t*, int*, int*)>(
+            lib, "smla_fake_nccl_last_reduce")) {
+      const int comm_ours = last(&send, &recv, &on, &count, &type, &op);
+      if (send) {
+        std::printf("reduce in place=%d count=%zu float32=%d sum=%d stream=%d comm ours=%d\n",
+                    int(send == dev1 && recv == dev1), count, int(type == 7), int(op == 0), int(on == s1 && s1),
+                    comm_ours);
+      }
+    }
+    std::printf("after reduce: current=%s\n", current_ctx_name().c_str());
+  }
+  print_nccl_calls(lib, "destroy");
+  print_nccl_calls(lib, "abort");
+  std::printf("at end: primary held=%d current=%s\n", held(), current_ctx_name().c_str());
+  return 0;
+}
+
 int scenario(const std::string& name) {
+  if (name.rfind("nccl-", 0) == 0) return nccl_scenario(name);
   if (name == "cpu-only") {
     run_cpu_case();
     std::printf("cuinit=%d\n", stub_count("smla_stub_cuinit_calls"));
@@ -324,6 +430,60 @@ TEST(DriverFork, BackendsOfADriverWithNoDeviceAndOfAnOlderDriver) {
   EXPECT_TRUE(has(none, "cuda usable=0 detail=the CUDA driver reports no device")) << none;
   const std::string old_driver = run_scenario("backends", false, "SMLA_LIBCUDA='" SMLA_STUB_LIBCUDA_OLD "' ");
   EXPECT_TRUE(has(old_driver, "cuda usable=1 detail=1 device(s), target sm_90a")) << old_driver;
+}
+
+// NCCL's calls over a fake libnccl: init, the reduction and destroy under the communicator's device's primary context,
+// the caller's context kept, the retained primary context released at the end. (The reduction's datatype 7 and op 0
+// are nccl.h's ncclFloat32 and ncclSum.)
+TEST(DriverFork, AnNcclCommunicatorsCallsAndContexts) {
+  const std::string out = run_scenario("nccl-life", true, "SMLA_STUB_DEVICES=2 ");
+  EXPECT_TRUE(has(out, "init rank=1 nranks=2 id ours=1\n")) << out;
+  EXPECT_TRUE(has(out, "init calls=1 ctx=dev1-primary\n")) << out;
+  EXPECT_TRUE(has(out, "after init: primary held=1 current=dev0-other\n")) << out;
+  EXPECT_TRUE(has(out, "reduce accepted\n")) << out;
+  EXPECT_TRUE(has(out, "reduce calls=1 ctx=dev1-primary\n")) << out;
+  EXPECT_TRUE(has(out, "reduce in place=1 count=1000 float32=1 sum=1 stream=1 comm ours=1\n")) << out;
+  EXPECT_TRUE(has(out, "after reduce: current=dev0-other\n")) << out;
+  EXPECT_TRUE(has(out, "destroy calls=1 ctx=dev1-primary\n")) << out;
+  EXPECT_TRUE(has(out, "abort calls=0\n")) << out;
+  EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+}
+
+// A failed ncclCommInitRank: its error said with NCCL's words, version, library and last error; the primary context
+// retained for it released (it was kept for ever), the caller's context current again.
+TEST(DriverFork, AFailedNcclInitReleasesItsContext) {
+  const std::string out = run_scenario("nccl-init-fails", true, "SMLA_STUB_DEVICES=2 SMLA_FAKE_NCCL_INIT_FAIL=1 ");
+  EXPECT_TRUE(has(out, "init threw driver error: NCCL error 2: fake system error (NCCL 2.21.5 from '" SMLA_FAKE_NCCL
+                       "') (fake NCCL: no peer joined (SMLA_FAKE_NCCL_INIT_FAIL)); run with NCCL_DEBUG=WARN"))
+      << out;
+  EXPECT_TRUE(has(out, "init calls=1 ctx=dev1-primary\n")) << out;
+  EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+}
+
+// abort() ends the communicator with ncclCommAbort at once, once; it is never destroyed after (ncclCommDestroy waits
+// for the collective the failed rank never finished), later reductions are refused, and the context is released. An
+// NCCL without ncclCommAbort (before 2.4) leaves the communicator, and nothing else changes.
+TEST(DriverFork, AnAbortedNcclCommunicatorIsAbortedNotDestroyed) {
+  for (const char* which : {"nccl-abort", "nccl-abort-old"}) {
+    SCOPED_TRACE(which);
+    const bool old = std::string(which) == "nccl-abort-old";
+    const std::string out = run_scenario(which, true, "SMLA_STUB_DEVICES=2 ");
+    EXPECT_TRUE(has(out, old ? "abort calls=0\n" : "abort calls=1 ctx=dev1-primary\n")) << out;
+    EXPECT_TRUE(has(out, "after abort: current=dev0-other\n")) << out;
+    EXPECT_TRUE(has(out, "reduce threw invalid argument: NCCL communicator of rank 1 was aborted (a failed backward)"))
+        << out;
+    EXPECT_TRUE(has(out, "reduce calls=0\n")) << out;
+    EXPECT_TRUE(has(out, "destroy calls=0\n")) << out;
+    EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+  }
+}
+
+// A rank whose backward refuses its arguments aborts its communicator, so that the other ranks are not left waiting
+// in their reductions for this one's.
+TEST(DriverFork, ARankThatRefusesItsPlanAbortsItsNcclCommunicator) {
+  const std::string out = run_scenario("nccl-rank-refused", true, "SMLA_STUB_DEVICES=2 ");
+  EXPECT_TRUE(has(out, "backward threw invalid argument\n")) << out;
+  EXPECT_TRUE(has(out, "abort calls=1 ctx=dev1-primary\n")) << out;
 }
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.
