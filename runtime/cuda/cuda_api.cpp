@@ -131,16 +131,20 @@ const Driver& driver() {
   return d;
 }
 
+std::vector<std::string> nvrtc_candidates() {
+  std::vector<std::string> defaults{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+  for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
+    if (std::string r = env_or(root); !r.empty()) defaults.push_back(r + "/lib64/libnvrtc.so");
+  defaults.push_back("/usr/local/cuda/lib64/libnvrtc.so");
+  return library_candidates("SMLA_LIBNVRTC", defaults);
+}
+
 const Nvrtc& nvrtc() {
   static Nvrtc n;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::vector<std::string> defaults{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-    for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
-      if (const char* r = std::getenv(root)) defaults.push_back(std::string(r) + "/lib64/libnvrtc.so");
-    defaults.push_back("/usr/local/cuda/lib64/libnvrtc.so");
     std::string err;
-    void* h = open_first(library_candidates("SMLA_LIBNVRTC", defaults), &n.path, &err);
+    void* h = open_first(nvrtc_candidates(), &n.path, &err);
     if (!h) {
       n.why = open_failure("SMLA_LIBNVRTC", "NVRTC (libnvrtc.so)", err);
       if (env_or("SMLA_LIBNVRTC").empty()) n.why += " (set SMLA_LIBNVRTC to its path)";
@@ -199,7 +203,7 @@ std::string cuda_include_dir() {
   if (std::string v = env_or("SMLA_CUDA_INCLUDE"); !v.empty()) return file_exists(v + "/cuda.h") ? v : std::string();
   std::vector<std::string> cands;
   for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* r = std::getenv(root)) cands.push_back(std::string(r) + "/include");
+    if (std::string r = env_or(root); !r.empty()) cands.push_back(r + "/include");
   cands.push_back("/usr/local/cuda/include");
   for (const auto& c : cands)
     if (!c.empty() && file_exists(c + "/cuda.h")) return c;

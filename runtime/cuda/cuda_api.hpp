@@ -7,6 +7,7 @@
 #include <nvrtc.h>
 
 #include <string>
+#include <vector>
 
 #include "../check.hpp"
 
@@ -76,6 +77,10 @@ const Driver* driver_if_opened();
 /// This process was forked from the one that initialised the driver (driver().why says so too).
 bool forked_after_init();
 const Nvrtc& nvrtc();
+/// The files nvrtc() tries, in order: $SMLA_LIBNVRTC alone when set; else the sonames of CUDA 13 and 12 and the bare
+/// name (the loader's search), then lib64/libnvrtc.so under $CUDA_HOME, $CUDA_PATH (each when set and not empty) and
+/// /usr/local/cuda.
+std::vector<std::string> nvrtc_candidates();
 
 /// Throws smla::Error(DriverError) naming the call and the driver's error name and text.
 void check(CUresult r, const char* call, const char* file, int line);

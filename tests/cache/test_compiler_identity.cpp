@@ -70,6 +70,34 @@ struct EnvVar {
   ~EnvVar() { ::unsetenv(name.c_str()); }
 };
 
+// Where NVRTC is looked for: the loader's search first, then under $CUDA_HOME, $CUDA_PATH and /usr/local/cuda (a
+// toolkit outside the loader's path, as a module system leaves it); $SMLA_LIBNVRTC alone when set. A root set but
+// empty is not a root ("/lib64/libnvrtc.so" was tried).
+TEST(NvrtcLibrary, IsLookedForUnderTheToolkitRoots) {
+  const char* vars[] = {"SMLA_LIBNVRTC", "CUDA_HOME", "CUDA_PATH"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars)
+    if (const char* old = std::getenv(v)) saved.emplace_back(v, old);
+  for (const char* v : vars) ::unsetenv(v);
+  const std::vector<std::string> loader{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+  auto with = [&](std::vector<std::string> tail) {
+    std::vector<std::string> all = loader;
+    all.insert(all.end(), tail.begin(), tail.end());
+    return all;
+  };
+  EXPECT_EQ(cuda::nvrtc_candidates(), with({"/usr/local/cuda/lib64/libnvrtc.so"}));
+  ::setenv("CUDA_HOME", "/opt/cuda-a", 1);
+  ::setenv("CUDA_PATH", "/opt/cuda-b", 1);
+  EXPECT_EQ(cuda::nvrtc_candidates(), with({"/opt/cuda-a/lib64/libnvrtc.so", "/opt/cuda-b/lib64/libnvrtc.so",
+                                            "/usr/local/cuda/lib64/libnvrtc.so"}));
+  ::setenv("CUDA_HOME", "", 1);
+  EXPECT_EQ(cuda::nvrtc_candidates(), with({"/opt/cuda-b/lib64/libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"}));
+  ::setenv("SMLA_LIBNVRTC", "/somewhere/libnvrtc.so.13", 1);
+  EXPECT_EQ(cuda::nvrtc_candidates(), std::vector<std::string>{"/somewhere/libnvrtc.so.13"});
+  for (const char* v : vars) ::unsetenv(v);
+  for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
+}
+
 // The builtins NVRTC loads are found by the loader, LD_LIBRARY_PATH first: a build there is the one stamped, not the
 // file beside libnvrtc (another builtins build changed what compiled while the key stayed).
 TEST(NvrtcIdentity, TheBuiltinsStampedAreTheOnesTheLoaderFinds) {
