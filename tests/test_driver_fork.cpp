@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -432,58 +433,52 @@ TEST(DriverFork, BackendsOfADriverWithNoDeviceAndOfAnOlderDriver) {
   EXPECT_TRUE(has(old_driver, "cuda usable=1 detail=1 device(s), target sm_90a")) << old_driver;
 }
 
+// Each of `lines` in a scenario's output.
+void expect_lines(const std::string& out, std::initializer_list<std::string> lines) {
+  for (const std::string& line : lines) EXPECT_TRUE(has(out, line)) << "no line '" << line << "' in:\n" << out;
+}
+
 // NCCL's calls over a fake libnccl: init, the reduction and destroy under the communicator's device's primary context,
 // the caller's context kept, the retained primary context released at the end. (The reduction's datatype 7 and op 0
 // are nccl.h's ncclFloat32 and ncclSum.)
 TEST(DriverFork, AnNcclCommunicatorsCallsAndContexts) {
-  const std::string out = run_scenario("nccl-life", true, "SMLA_STUB_DEVICES=2 ");
-  EXPECT_TRUE(has(out, "init rank=1 nranks=2 id ours=1\n")) << out;
-  EXPECT_TRUE(has(out, "init calls=1 ctx=dev1-primary\n")) << out;
-  EXPECT_TRUE(has(out, "after init: primary held=1 current=dev0-other\n")) << out;
-  EXPECT_TRUE(has(out, "reduce accepted\n")) << out;
-  EXPECT_TRUE(has(out, "reduce calls=1 ctx=dev1-primary\n")) << out;
-  EXPECT_TRUE(has(out, "reduce in place=1 count=1000 float32=1 sum=1 stream=1 comm ours=1\n")) << out;
-  EXPECT_TRUE(has(out, "after reduce: current=dev0-other\n")) << out;
-  EXPECT_TRUE(has(out, "destroy calls=1 ctx=dev1-primary\n")) << out;
-  EXPECT_TRUE(has(out, "abort calls=0\n")) << out;
-  EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+  expect_lines(run_scenario("nccl-life", true, "SMLA_STUB_DEVICES=2 "),
+               {"init rank=1 nranks=2 id ours=1\n", "init calls=1 ctx=dev1-primary\n",
+                "after init: primary held=1 current=dev0-other\n", "reduce accepted\n",
+                "reduce calls=1 ctx=dev1-primary\n",
+                "reduce in place=1 count=1000 float32=1 sum=1 stream=1 comm ours=1\n",
+                "after reduce: current=dev0-other\n", "destroy calls=1 ctx=dev1-primary\n", "abort calls=0\n",
+                "at end: primary held=0 current=dev0-other\n"});
 }
 
 // A failed ncclCommInitRank: its error said with NCCL's words, version, library and last error; the primary context
 // retained for it released (it was kept for ever), the caller's context current again.
 TEST(DriverFork, AFailedNcclInitReleasesItsContext) {
-  const std::string out = run_scenario("nccl-init-fails", true, "SMLA_STUB_DEVICES=2 SMLA_FAKE_NCCL_INIT_FAIL=1 ");
-  EXPECT_TRUE(has(out, "init threw driver error: NCCL error 2: fake system error (NCCL 2.21.5 from '" SMLA_FAKE_NCCL
-                       "') (fake NCCL: no peer joined (SMLA_FAKE_NCCL_INIT_FAIL)); run with NCCL_DEBUG=WARN"))
-      << out;
-  EXPECT_TRUE(has(out, "init calls=1 ctx=dev1-primary\n")) << out;
-  EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+  expect_lines(run_scenario("nccl-init-fails", true, "SMLA_STUB_DEVICES=2 SMLA_FAKE_NCCL_INIT_FAIL=1 "),
+               {"init threw driver error: NCCL error 2: fake system error (NCCL 2.21.5 from '" SMLA_FAKE_NCCL
+                "') (fake NCCL: no peer joined (SMLA_FAKE_NCCL_INIT_FAIL)); run with NCCL_DEBUG=WARN",
+                "init calls=1 ctx=dev1-primary\n", "at end: primary held=0 current=dev0-other\n"});
 }
 
 // abort() ends the communicator with ncclCommAbort at once, once; it is never destroyed after (ncclCommDestroy waits
 // for the collective the failed rank never finished), later reductions are refused, and the context is released. An
 // NCCL without ncclCommAbort (before 2.4) leaves the communicator, and nothing else changes.
 TEST(DriverFork, AnAbortedNcclCommunicatorIsAbortedNotDestroyed) {
-  for (const char* which : {"nccl-abort", "nccl-abort-old"}) {
+  for (const std::string which : {"nccl-abort", "nccl-abort-old"}) {
     SCOPED_TRACE(which);
-    const bool old = std::string(which) == "nccl-abort-old";
-    const std::string out = run_scenario(which, true, "SMLA_STUB_DEVICES=2 ");
-    EXPECT_TRUE(has(out, old ? "abort calls=0\n" : "abort calls=1 ctx=dev1-primary\n")) << out;
-    EXPECT_TRUE(has(out, "after abort: current=dev0-other\n")) << out;
-    EXPECT_TRUE(has(out, "reduce threw invalid argument: NCCL communicator of rank 1 was aborted (a failed backward)"))
-        << out;
-    EXPECT_TRUE(has(out, "reduce calls=0\n")) << out;
-    EXPECT_TRUE(has(out, "destroy calls=0\n")) << out;
-    EXPECT_TRUE(has(out, "at end: primary held=0 current=dev0-other\n")) << out;
+    expect_lines(run_scenario(which, true, "SMLA_STUB_DEVICES=2 "),
+                 {which == "nccl-abort-old" ? "abort calls=0\n" : "abort calls=1 ctx=dev1-primary\n",
+                  "after abort: current=dev0-other\n",
+                  "reduce threw invalid argument: NCCL communicator of rank 1 was aborted (a failed backward)",
+                  "reduce calls=0\n", "destroy calls=0\n", "at end: primary held=0 current=dev0-other\n"});
   }
 }
 
 // A rank whose backward refuses its arguments aborts its communicator, so that the other ranks are not left waiting
 // in their reductions for this one's.
 TEST(DriverFork, ARankThatRefusesItsPlanAbortsItsNcclCommunicator) {
-  const std::string out = run_scenario("nccl-rank-refused", true, "SMLA_STUB_DEVICES=2 ");
-  EXPECT_TRUE(has(out, "backward threw invalid argument\n")) << out;
-  EXPECT_TRUE(has(out, "abort calls=1 ctx=dev1-primary\n")) << out;
+  expect_lines(run_scenario("nccl-rank-refused", true, "SMLA_STUB_DEVICES=2 "),
+               {"backward threw invalid argument\n", "abort calls=1 ctx=dev1-primary\n"});
 }
 
 // The same two forks with the real driver, on a machine that has a GPU: what the stub assumes of it.
