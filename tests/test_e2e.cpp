@@ -27,6 +27,10 @@ std::vector<Case> cpu_cases() {
       with(small, [](Case& c) { c.scale = 0.07f; }),
       with(chunked, [](Case& c) { c.strided = true; }),
       with(chunked, [](Case& c) { c.strided = true, c.t_chunk = 20, c.scale = 0.03f; }),
+      // strided at H 16 and 32 too: on a GPU, the bodies without wgmma and the separate delta kernel (H 64 and 128
+      // fuse delta into the wgmma dq body), which read o, dout and lse through their strides
+      with(small, [](Case& c) { c.strided = true; }),
+      with({40, 32, 90, 96, 48, false, K::Uniform, true, false, LseKind::Base2Excl}, [](Case& c) { c.strided = true; }),
       with(small, [](Case& c) { c.dkv_fp32 = true; }),
       with(chunked, [](Case& c) { c.dkv_fp32 = true, c.strided = true; }),
       with(small, [](Case& c) { c.neg_inf_sink = true; }),
@@ -233,8 +237,10 @@ TEST(E2E, TheA100TilesOnThisGpu) {
   if (!cuda_usable()) GTEST_SKIP() << "no usable CUDA device here (" << cuda_why() << "): GPU check not run";
   TileConfig a100;
   a100.dq_impl = 1, a100.dkv_impl = 1, a100.dq_block_h = 32, a100.dkv_block_d = 128;
+  Case strided{257, 128, 1300, 512, 0, true, ref::TopkKind::Benchmark};
+  strided.strided = true;  // the separate delta kernel these bodies need reads o, dout and lse through their strides
   for (const Case& c : {Case{257, 128, 1300, 512, 0, true, ref::TopkKind::Benchmark},
-                        Case{63, 64, 600, 640, 160, true, ref::TopkKind::Uniform, true, true}}) {
+                        Case{63, 64, 600, 640, 160, true, ref::TopkKind::Uniform, true, true}, strided}) {
     SCOPED_TRACE(describe(c));
     run_and_check(BackendKind::Cuda, c, 43, &a100);
   }
