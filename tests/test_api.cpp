@@ -402,6 +402,18 @@ TEST(Api, IndexCheckReportsTheFirstBadIndex) {
     expect_bar("dq", ref::compare(g.dq, out.dq.data(), out.dq.size()));
     expect_bar("dkv", ref::compare(g.dkv, out.dkv.data(), out.dkv.size()));
 
+    // The same top-k with its rows topk + 5 apart (the gaps hold in-range indices): the check reads every row, and
+    // the reported value, through the stride.
+    tools::CaseRunner strided(p, in, nullptr, tools::Layout::Strided);
+    void* wss = strided.poisoned_for_run(plan->workspace_bytes());
+    plan->run(strided.tensors(), wss, strided.workspace_size(), strided.stream());
+    auto reps = plan->index_report(wss, strided.stream());
+    ASSERT_TRUE(reps.has_value()) << "nothing reported through a strided top-k";
+    EXPECT_EQ(reps->count, count);
+    EXPECT_EQ(reps->t, first / c.topk);
+    EXPECT_EQ(reps->r, first % c.topk);
+    EXPECT_EQ(reps->value, in.topk[first]);
+
     // A clean top-k reports nothing.
     const ref::Inputs clean = make_case_inputs(kSmall, 12);
     tools::CaseRunner cr2(p, clean);
