@@ -215,6 +215,13 @@ inline void check_against_reference(const Case& c, const ref::Inputs& in, const 
   }
   if (c.sink) {
     expect_bar("d_sink", ref::compare(g.d_sink, first.d_sink.data(), size_t(c.H)));
+    // A sink of -inf has no term at all: its d_sink is +0 exactly on every backend (0.0 - 0, never -0).
+    for (int h = 0; h < c.H; ++h)
+      if (in.sink[size_t(h)] == -std::numeric_limits<float>::infinity()) {
+        uint32_t bits = 1;
+        std::memcpy(&bits, &first.d_sink[size_t(h)], sizeof bits);
+        EXPECT_EQ(bits, 0u) << "d_sink of head " << h << " (a sink of -inf) is not +0";
+      }
     // Head by head, against the largest head's size (a head's own sum may cancel to near 0).
     double largest = 0;
     for (double v : g.d_sink) largest = std::max(largest, std::fabs(v));
