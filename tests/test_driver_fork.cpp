@@ -85,12 +85,14 @@ int fork_and_report() {
 
 // ---- NCCL's communicator, over the stub driver (SMLA_STUB_DEVICES=2) and the fake libnccl
 
-// A stub context handle as the NCCL lines print it (tests/stub/libcuda_stub.c: 0xc0000 + 16 device, + 8 if not primary).
+// A stub context as the NCCL lines print it: "dev<d>-primary", "dev<d>-other" (smla_stub_context's handles), "none".
 std::string ctx_name(const void* ctx) {
-  const auto v = reinterpret_cast<uintptr_t>(ctx);
   if (!ctx) return "none";
-  if (v < 0xc0000 || (v - 0xc0000) % 8 != 0) return "unknown";
-  return "dev" + std::to_string((v - 0xc0000) / 16) + ((v - 0xc0000) % 16 ? "-other" : "-primary");
+  const auto handle = stub_symbol<void* (*)(int, int)>(SMLA_STUB_LIBCUDA, "smla_stub_context");
+  for (int d = 0; handle && d < 2; ++d)
+    for (int primary : {0, 1})
+      if (ctx == handle(d, primary)) return "dev" + std::to_string(d) + (primary ? "-primary" : "-other");
+  return "unknown";
 }
 
 std::string current_ctx_name() {
@@ -115,7 +117,12 @@ int nccl_scenario(const std::string& name) {
     std::printf("not usable: %s %s\n", why.c_str(), cuda::driver().why.c_str());
     return 1;
   }
-  SMLA_CU(cuda::driver().CtxSetCurrent(reinterpret_cast<CUcontext>(0xc0008)));  // the caller's own: device 0's other
+  const auto context = stub_symbol<void* (*)(int, int)>(SMLA_STUB_LIBCUDA, "smla_stub_context");
+  if (!context) {
+    std::printf("the stub driver is not loaded\n");
+    return 1;
+  }
+  SMLA_CU(cuda::driver().CtxSetCurrent(static_cast<CUcontext>(context(0, 0))));  // the caller's own: device 0's other
   const auto held = [] { return stub_count("smla_stub_primary_contexts_held"); };
   if (name == "nccl-init-fails") {
     try {

@@ -91,6 +91,8 @@ int cuDeviceGetName(char* name, int len, int dev) {
 /* Context handles: 0xc0000 + 16 device for a device's primary context, + 8 for its other one. */
 #define STUB_CTX_BASE 0xc0000ul
 static void* stub_ctx(int dev, int primary) { return (void*)(STUB_CTX_BASE + 16ul * (unsigned long)dev + (primary ? 0 : 8)); }
+/* The same handles for the tests (a context a test makes current, or names). */
+void* smla_stub_context(int dev, int primary) { return stub_ctx(dev, primary); }
 /* The device of a stub context handle, or -1. */
 static int ctx_device(const void* ctx) {
   const unsigned long v = (unsigned long)ctx;
