@@ -36,11 +36,7 @@ namespace {
 const Case kTiny{16, 16, 40, 64, 0, true, ref::TopkKind::Uniform};
 
 // One of the stub's counters (smla_stub_cuinit_calls, smla_stub_pointer_queries); 0 when the stub is not loaded.
-int stub_count(const char* counter) {
-  bool loaded = false;
-  const auto fn = stub_symbol<int (*)()>(SMLA_STUB_LIBCUDA, counter, &loaded);
-  return !loaded ? 0 : fn ? fn() : -1;  // not even loaded: 0
-}
+int stub_count(const char* counter) { return stub_counter(SMLA_STUB_LIBCUDA, counter, 0); }
 
 // The stub's device memory (tests/stub/libcuda_stub.c): device `ordinal`'s, managed or not.
 const void* stub_device_ptr(int ordinal, bool managed) {

@@ -166,10 +166,7 @@ TEST_F(PlanCache, EachKernelIsCheckedAgainstItsLaunchAtPlanTime) {
 }
 
 // One of the stub driver's counters (tests/stub/libcuda_stub.c).
-int stub_count(const char* counter) {
-  const auto fn = stub_symbol<int (*)()>(SMLA_STUB_LIBCUDA, counter);
-  return fn ? fn() : -1;
-}
+int stub_count(const char* counter) { return stub_counter(SMLA_STUB_LIBCUDA, counter); }
 
 // Once the plan and its Runtime are gone, every module they loaded is unloaded, each after the context's work is done
 // (the last plan may go right after its run(), and a module's launches still queued would outlive its handle), and

@@ -52,6 +52,15 @@ std::string open_failure(const char* var, const std::string& what, const std::st
                    : std::string(var) + "='" + v + "' could not be opened (" + err + ")";
 }
 
+// The toolkit roots the environment names, in the order looked in: $CUDA_HOME, then $CUDA_PATH (each when set and not
+// empty: an empty one is no root, "/lib64/libnvrtc.so" was tried).
+std::vector<std::string> toolkit_roots() {
+  std::vector<std::string> roots;
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
+    if (std::string r = env_or(var); !r.empty()) roots.push_back(r);
+  return roots;
+}
+
 bool file_exists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;
@@ -133,8 +142,7 @@ const Driver& driver() {
 
 std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> defaults{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-  for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
-    if (std::string r = env_or(root); !r.empty()) defaults.push_back(r + "/lib64/libnvrtc.so");
+  for (const std::string& r : toolkit_roots()) defaults.push_back(r + "/lib64/libnvrtc.so");
   defaults.push_back("/usr/local/cuda/lib64/libnvrtc.so");
   return library_candidates("SMLA_LIBNVRTC", defaults);
 }
@@ -202,8 +210,7 @@ std::string cuda_include_dir() {
   // SMLA_CUDA_INCLUDE, when set, alone (NvrtcCompiler::available() then names it when it holds no cuda.h).
   if (std::string v = env_or("SMLA_CUDA_INCLUDE"); !v.empty()) return file_exists(v + "/cuda.h") ? v : std::string();
   std::vector<std::string> cands;
-  for (const char* root : {"CUDA_HOME", "CUDA_PATH"})
-    if (std::string r = env_or(root); !r.empty()) cands.push_back(r + "/include");
+  for (const std::string& r : toolkit_roots()) cands.push_back(r + "/include");
   cands.push_back("/usr/local/cuda/include");
   for (const auto& c : cands)
     if (!c.empty() && file_exists(c + "/cuda.h")) return c;

@@ -3,11 +3,12 @@
 // records what it was asked, and which CUDA context was current on the calling thread each time (read through the
 // driver the process opened, $SMLA_LIBCUDA). Built twice: as NCCL >= 2.4, and (FAKE_NCCL_NO_ABORT) as an NCCL
 // without ncclCommAbort. SMLA_FAKE_NCCL_INIT_FAIL=1 makes ncclCommInitRank fail as a rank without peers would.
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
 #include <cstring>
+
+#include "stub_symbol.hpp"
 
 namespace {
 
@@ -31,16 +32,13 @@ const char* g_last_error = "";
 
 ncclComm_t the_comm() { return reinterpret_cast<ncclComm_t>(&g_comm_object); }
 
-// The calling thread's current context, as the driver the process loaded says; (void*)-1 if it cannot be asked.
+// The calling thread's current context, as the driver the process loaded ($SMLA_LIBCUDA) says; (void*)-1 if it
+// cannot be asked.
 void* current_ctx() {
   const char* lib = std::getenv("SMLA_LIBCUDA");
-  void* h = lib ? ::dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : nullptr;
-  if (!h) return reinterpret_cast<void*>(-1);
-  auto get = reinterpret_cast<int (*)(void**)>(::dlsym(h, "cuCtxGetCurrent"));
-  void* ctx = reinterpret_cast<void*>(-1);
-  if (get && get(&ctx) != 0) ctx = reinterpret_cast<void*>(-1);
-  ::dlclose(h);
-  return ctx;
+  const auto get = lib ? smla::test::stub_symbol<int (*)(void**)>(lib, "cuCtxGetCurrent") : nullptr;
+  void* ctx = nullptr;
+  return get && get(&ctx) == 0 ? ctx : reinterpret_cast<void*>(-1);
 }
 
 void see(Seen& s) {

@@ -17,4 +17,12 @@ F stub_symbol(const char* library, const char* name, bool* loaded = nullptr) {
   return fn;
 }
 
+// One of a stand-in library's int counters (smla_stub_modules_loaded, ...): `not_loaded` when the library is not
+// loaded in this process, -1 when it lacks the counter.
+inline int stub_counter(const char* library, const char* name, int not_loaded = -1) {
+  bool loaded = false;
+  const auto fn = stub_symbol<int (*)()>(library, name, &loaded);
+  return !loaded ? not_loaded : fn ? fn() : -1;
+}
+
 }  // namespace smla::test
