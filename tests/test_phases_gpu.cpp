@@ -15,6 +15,7 @@
 #include "runtime/bf16.hpp"
 #include "runtime/plan_impl.hpp"
 #include "tests/e2e_common.hpp"
+#include "tests/phase_compare.hpp"
 
 namespace smla::test {
 namespace {
@@ -24,47 +25,6 @@ struct State {
   std::vector<uint16_t> dq, dkv;
   std::vector<float> d_sink;
 };
-
-// Float regions compared at the bar (bf16 or fp32; `bar`: the relative L2 error allowed), integer regions exactly. Elements that hold the
-// same bits on both sides (including a phase's untouched poison, or the -inf lse of a token with
-// no valid slot and no sink) agree; an element finite on one side only is a failure; the rest
-// are compared at the contract's bar.
-void compare_region(const char* name, bool is_bf16, bool is_int, const unsigned char* gpu, const unsigned char* cpu,
-                    size_t bytes, double bar = 1e-2) {
-  if (!bytes) return;
-  if (is_int) {
-    EXPECT_EQ(std::memcmp(gpu, cpu, bytes), 0) << name << " differs from the CPU phase";
-    return;
-  }
-  const size_t w = is_bf16 ? 2 : 4, n = bytes / w;
-  auto value = [&](const unsigned char* base, size_t i) -> double {
-    if (is_bf16) {
-      uint16_t v;
-      std::memcpy(&v, base + 2 * i, 2);
-      return bf16_to_float(v);
-    }
-    float v;
-    std::memcpy(&v, base + 4 * i, 4);
-    return v;
-  };
-  std::vector<double> ref, got;
-  size_t finite_mismatch = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(gpu + w * i, cpu + w * i, w) == 0 && !std::isfinite(value(cpu, i))) continue;
-    const double r = value(cpu, i), g = value(gpu, i);
-    if (std::isfinite(r) != std::isfinite(g)) {
-      ++finite_mismatch;
-      continue;
-    }
-    ref.push_back(r);
-    got.push_back(g);
-  }
-  EXPECT_EQ(finite_mismatch, 0u) << name << ": elements finite on one side only";
-  std::vector<float> gotf(got.begin(), got.end());
-  const ref::Compare c = ref::compare(ref, gotf.data(), gotf.size());
-  EXPECT_TRUE(c.finite && c.rel_err <= bar && c.cosine >= 0.9999)
-      << name << ": rel_err " << c.rel_err << " cosine " << c.cosine << " finite " << c.finite;
-}
 
 void check_phases(const Case& c, uint64_t seed) {
   const ref::Inputs in = make_case_inputs(c, seed);
