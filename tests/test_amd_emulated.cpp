@@ -22,6 +22,7 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #define XXH_INLINE_ALL
@@ -135,18 +136,26 @@ struct Tiles {
   int dq_block_h = 0, dq_block_r = 0, dkv_block_r = 0, dkv_block_d = 0;
 };
 
-// Bytes of the dq tensor's span under the runner's strides.
-size_t dq_span_bytes(const Tensors& t, const Case& c) {
+// The output tensors' spans under the runner's strides, in bytes: what a phase may write outside the workspace.
+struct Spans {
+  size_t dq, dkv, d_sink;
+};
+Spans output_spans(const Tensors& t, const Case& c) {
   const int64_t st = t.dq_stride_t ? t.dq_stride_t : int64_t(c.H) * 512, sh = t.dq_stride_h ? t.dq_stride_h : 512;
-  return size_t((c.T - 1) * st + (c.H - 1) * sh + 512) * 2;
+  const int64_t kst = t.dkv_stride ? t.dkv_stride : 512;
+  return {size_t((c.T - 1) * st + (c.H - 1) * sh + 512) * 2, size_t((c.num_kv - 1) * kst + 512) * (c.dkv_fp32 ? 4 : 2),
+          c.sink ? size_t(c.H) * 4 : 0};
 }
 
-// The backward of case `c` with the HIP planner's steps: dq and dkv_interm emulated (runner `e`), each checked against
-// the CPU phase on a copy of the same state (runner `h`); every other phase the CPU's, on `e`. Returns how many
-// emulated launches ran.
-int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, uint64_t seed) {
+// The backward of case `c` in the HIP planner's order: the phases of `emulated` run their HIP launches emulated on
+// runner `e`, each checked against the CPU phase run on a copy of the same state (runner `h`); the others (csr, which
+// is rocPRIM's sort on AMD, always) run the CPU backend's, on `e`. At the end e's outputs meet the float64 reference.
+// Returns how many emulated launches ran.
+int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const std::set<Phase>& emulated,
+                          uint64_t seed) {
   const ref::Inputs in = make_case_inputs(c, seed);
-  const Problem pc = make_problem(BackendKind::Cpu, c);
+  Problem pc = make_problem(BackendKind::Cpu, c);
+  pc.check_indices = true;
   auto cplan = std::dynamic_pointer_cast<const PlanImpl>(shared_runtime().plan(pc));
   if (!cplan) {
     ADD_FAILURE() << "no CPU plan";
@@ -172,72 +181,82 @@ int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, uint64
   h.poison_outputs();
   const SmlaParams ebase = cplan->base_params(e.tensors(), ews, e.workspace_size());
   const SmlaParams hbase = cplan->base_params(h.tensors(), hws, h.workspace_size());
-  const size_t dq_bytes = dq_span_bytes(e.tensors(), c);
+  const Spans span = output_spans(e.tensors(), c);
   const WorkspaceLayout& L = cplan->layout_;
-
-  // The CPU plan's steps of a (phase, top-k chunk, token chunk).
-  auto cpu_steps = [&](const Step& hst) {
-    std::vector<size_t> out;
-    for (size_t i = 0; i < cplan->steps_.size(); ++i) {
-      const Step& s = cplan->steps_[i];
-      if (s.phase == hst.phase && s.chunk == hst.chunk && s.t_index == hst.t_index) out.push_back(i);
-    }
-    return out;
+  auto same_group = [](const Step& a, const Step& b) {
+    return a.phase == b.phase && a.chunk == b.chunk && a.t_index == b.t_index;
   };
-  int emulated = 0;
-  for (size_t k = 0; k < hip_steps.size(); ++k) {
-    const Step& hst = hip_steps[k];
-    // A phase of several HIP launches (csr: keys, rocPRIM's sort, row_ptr) is the CPU's group once, at its first.
-    if (k > 0 && hip_steps[k - 1].phase == hst.phase && hip_steps[k - 1].chunk == hst.chunk &&
-        hip_steps[k - 1].t_index == hst.t_index)
-      continue;
-    const std::vector<size_t> cs = cpu_steps(hst);
-    if (cs.empty()) {
-      ADD_FAILURE() << "the CPU plan has no step for HIP's " << phase_name(hst.phase) << " chunk " << hst.chunk;
-      return emulated;
+  int launches = 0;
+  for (size_t k = 0; k < hip_steps.size();) {
+    // One phase of one chunk: its HIP launches (check_topk and csr have three), and the CPU plan's steps.
+    size_t end = k + 1;
+    while (end < hip_steps.size() && same_group(hip_steps[end], hip_steps[k])) ++end;
+    const Step& first = hip_steps[k];
+    std::vector<size_t> cs;
+    for (size_t i = 0; i < cplan->steps_.size(); ++i)
+      if (same_group(cplan->steps_[i], first)) cs.push_back(i);
+    if (cs.size() != 1) {
+      ADD_FAILURE() << "the CPU plan has " << cs.size() << " steps for HIP's " << phase_name(first.phase) << " chunk "
+                    << first.chunk << " (one expected)";
+      return launches;
     }
-    const bool emulate = hst.phase == Phase::Dq || hst.phase == Phase::DkvInterm;
-    if (!emulate) {
-      for (size_t i : cs) cplan->launch_step(i, ebase, nullptr);
+    if (!emulated.count(first.phase)) {
+      cplan->launch_step(cs[0], ebase, nullptr);
+      k = end;
       continue;
     }
-    SCOPED_TRACE(std::string(phase_name(hst.phase)) + " top-k chunk " + std::to_string(hst.chunk) + " token chunk " +
-                 std::to_string(hst.t_index));
+    SCOPED_TRACE(std::string(phase_name(first.phase)) + " top-k chunk " + std::to_string(first.chunk) +
+                 " token chunk " + std::to_string(first.t_index));
     // The CPU phase on a copy of the emulated run's state.
     std::memcpy(hws, ews, ws);
-    std::memcpy(h.tensors().dq, e.tensors().dq, dq_bytes);
-    for (size_t i : cs) cplan->launch_step(i, hbase, nullptr);
-    // The HIP launch, emulated, with the step's params (its chunk and token offsets: the CPU step's).
-    if (cs.size() != 1) {
-      ADD_FAILURE() << cs.size() << " CPU steps for one HIP launch";
-      return emulated;
+    std::memcpy(h.tensors().dq, e.tensors().dq, span.dq);
+    std::memcpy(h.tensors().dkv, e.tensors().dkv, span.dkv);
+    if (span.d_sink) std::memcpy(h.tensors().d_sink, e.tensors().d_sink, span.d_sink);
+    cplan->launch_step(cs[0], hbase, nullptr);
+    // The HIP launches, emulated, with the CPU step's params (its chunk and token offsets) and each launch's pass.
+    for (; k < end; ++k) {
+      const KernelSpec& spec = hip_steps[k].spec;
+      const LaunchFn fn = emu_kernels().get(spec, gfx950);
+      SmlaParams p = cplan->step_params(cs[0], ebase);
+      p.pass = spec.pass;
+      const unsigned grid[3] = {spec.grid.x, spec.grid.y, spec.grid.z};
+      const unsigned block[3] = {spec.block.x, spec.block.y, spec.block.z};
+      char err[512] = {};
+      if (fn(&p, grid, block, spec.smem_bytes, err, sizeof err) != 0) {
+        ADD_FAILURE() << "emulated launch of " << spec.entry << ": " << err;
+        return launches;
+      }
+      ++launches;
     }
-    const LaunchFn fn = emu_kernels().get(hst.spec, gfx950);
-    const SmlaParams p = cplan->step_params(cs[0], ebase);
-    const unsigned grid[3] = {hst.spec.grid.x, hst.spec.grid.y, hst.spec.grid.z};
-    const unsigned block[3] = {hst.spec.block.x, hst.spec.block.y, hst.spec.block.z};
-    char err[512] = {};
-    const int rc = fn(&p, grid, block, hst.spec.smem_bytes, err, sizeof err);
-    if (rc != 0) {
-      ADD_FAILURE() << "emulated launch of " << hst.spec.entry << ": " << err;
-      return emulated;
-    }
-    ++emulated;
-    auto region = [&](const Region& r, bool bf16) {
-      compare_region(r.name, bf16, false, static_cast<const unsigned char*>(ews) + r.offset,
-                     static_cast<const unsigned char*>(hws) + r.offset, r.bytes);
+    // What the phase writes, as test_phases_gpu compares it (fp32 sums at 1e-4, the rest at the contract's bar).
+    constexpr double kSumBar = 1e-4;
+    auto region = [&](const Region& r, bool bf16, bool integer, double bar = 1e-2) {
+      compare_region(r.name, bf16, integer, static_cast<const unsigned char*>(ews) + r.offset,
+                     static_cast<const unsigned char*>(hws) + r.offset, r.bytes, bar);
     };
-    if (hst.phase == Phase::Dq) {
-      region(L.ds, true), region(L.pm, true), region(L.dq_acc, false);
-      const std::vector<uint16_t> edq = e.read_outputs().dq, hdq = h.read_outputs().dq;
-      compare_region("dq", true, false, reinterpret_cast<const unsigned char*>(edq.data()),
-                     reinterpret_cast<const unsigned char*>(hdq.data()), edq.size() * 2);
-    } else {
-      region(L.interm, true);
+    const tools::Outputs eo = e.read_outputs(), ho = h.read_outputs();
+    auto bytes = [](const auto& v) { return reinterpret_cast<const unsigned char*>(v.data()); };
+    switch (first.phase) {
+      case Phase::CheckTopk: region(L.index_report, false, true); break;
+      case Phase::Delta: region(L.delta, false, false, kSumBar), region(L.lse_n, false, false, kSumBar); break;
+      case Phase::Dq:
+        region(L.ds, true, false), region(L.pm, true, false), region(L.dq_acc, false, false);
+        compare_region("dq", true, false, bytes(eo.dq), bytes(ho.dq), eo.dq.size() * 2);
+        break;
+      case Phase::DkvInterm: region(L.interm, true, false); break;
+      case Phase::Gather:
+        region(L.dkv_acc, false, false, kSumBar);
+        compare_region("dkv", true, false, bytes(eo.dkv), bytes(ho.dkv), eo.dkv.size() * 2);
+        compare_region("dkv (fp32)", false, false, bytes(eo.dkv_f32), bytes(ho.dkv_f32), eo.dkv_f32.size() * 4);
+        break;
+      case Phase::DSink:
+        compare_region("d_sink", false, false, bytes(eo.d_sink), bytes(ho.d_sink), eo.d_sink.size() * 4, kSumBar);
+        break;
+      default: ADD_FAILURE() << "no comparison for " << phase_name(first.phase);
     }
   }
   check_against_reference(c, in, e.read_outputs());
-  return emulated;
+  return launches;
 }
 
 struct EmuCase {
@@ -245,7 +264,7 @@ struct EmuCase {
   Tiles tiles;
 };
 
-void run_cases(const std::vector<EmuCase>& cases, bool gfx950) {
+void run_cases(const std::vector<EmuCase>& cases, bool gfx950, const std::set<Phase>& emulated) {
   std::string why;
   if (emu_cxx(&why).empty()) {
     const char* skip = std::getenv("SMLA_SKIP_TEST_TOOLS");
@@ -254,14 +273,20 @@ void run_cases(const std::vector<EmuCase>& cases, bool gfx950) {
   }
   for (const EmuCase& ec : cases) {
     const Case& c = ec.c;
+    const uint64_t seed = 900 + std::random_device{}() % 100;
     SCOPED_TRACE(describe(c) + " tiles " + std::to_string(ec.tiles.dq_block_h) + "x" +
                  std::to_string(ec.tiles.dq_block_r) + " / " + std::to_string(ec.tiles.dkv_block_r) + "x" +
-                 std::to_string(ec.tiles.dkv_block_d) + (gfx950 ? " gfx950" : " gfx90a"));
-    const int n = run_emulated_backward(c, ec.tiles, gfx950, 900 + std::random_device{}() % 100);
-    // Every top-k chunk of every token chunk: one dq and one dkv_interm launch.
-    const int t_chunks = c.t_chunk ? (c.T + c.t_chunk - 1) / c.t_chunk : 1;
-    const int n_chunks = c.r_chunk ? c.topk / c.r_chunk : 1;
-    EXPECT_EQ(n, 2 * t_chunks * n_chunks) << "emulated launches";
+                 std::to_string(ec.tiles.dkv_block_d) + (gfx950 ? " gfx950" : " gfx90a") + " seed " +
+                 std::to_string(seed));
+    const int n = run_emulated_backward(c, ec.tiles, gfx950, emulated, seed);
+    // The launches the HIP planner orders for the emulated phases: per top-k chunk of each token chunk one dq, one
+    // dkv_interm and one gather; check_topk's three, delta and d_sink once.
+    const int chunks = (c.t_chunk ? (c.T + c.t_chunk - 1) / c.t_chunk : 1) * (c.r_chunk ? c.topk / c.r_chunk : 1);
+    const int want = chunks * (int(emulated.count(Phase::Dq)) + int(emulated.count(Phase::DkvInterm)) +
+                               int(emulated.count(Phase::Gather))) +
+                     3 * int(emulated.count(Phase::CheckTopk)) + int(emulated.count(Phase::Delta)) +
+                     (c.sink ? int(emulated.count(Phase::DSink)) : 0);
+    EXPECT_EQ(n, want) << "emulated launches";
   }
 }
 
@@ -269,6 +294,10 @@ std::vector<EmuCase> cases() {
   using K = ref::TopkKind;
   Case strided{6, 16, 70, 64, 32, true, K::Uniform, true};
   strided.strided = true;
+  Case dkv_fp32{7, 16, 60, 96, 0, true, K::Uniform, false, true, LseKind::Base2Incl};
+  dkv_fp32.dkv_fp32 = dkv_fp32.strided = dkv_fp32.huge_sink = true;
+  Case long_t{260, 16, 40, 32, 0, true, K::Uniform};
+  long_t.neg_inf_sink = true;
   return {
       // H 16 (one 16-head dq block, two wavefronts), two top-k chunks (dQ carried in fp32), empty rows and repeats.
       {{6, 16, 50, 64, 32, true, K::Benchmark, true, true}, {}},
@@ -286,12 +315,26 @@ std::vector<EmuCase> cases() {
       {{3, 32, 90, 288, 0, false, K::Uniform}, {0, 0, 256, 16}},
       // Every stride set (head-major q, o, dout and dq, padded rows, a transposed lse).
       {strided, {}},
+      // dkv in fp32 (gather's other output), strided; head 0's sink 1.475e20 under a base-2 lse (rounded to fp32, the
+      // lse lands below the sink: d_sink's clamp).
+      {dkv_fp32, {}},
+      // More tokens than d_sink's block has work-items; two heads' sink -inf, the last token without a slot.
+      {long_t, {}},
   };
 }
 
-TEST(AmdEmulated, DqAndDkvIntermAtMfmaK16MatchTheCpuPhasesAndFloat64) { run_cases(cases(), false); }
+// Every HIP kernel but csr's (rocPRIM's sort; its key and row_ptr kernels launch around it) emulated, at MFMA K 16
+// (gfx90a, gfx942). The memory-bound bodies are CUDA's sources, here at AMD's geometry (64-lane wavefronts, each two
+// of the kernels' 32-lane warps: the shuffles' width).
+TEST(AmdEmulated, EveryHipKernelButCsrAtMfmaK16MatchesTheCpuPhasesAndFloat64) {
+  run_cases(cases(), false,
+            {Phase::CheckTopk, Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Gather, Phase::DSink});
+}
 
-TEST(AmdEmulated, DqAndDkvIntermAtMfmaK32OfGfx950MatchTheCpuPhasesAndFloat64) { run_cases(cases(), true); }
+// The matrix phases again at gfx950's MFMA K 32 (the other phases' kernels do not depend on the target).
+TEST(AmdEmulated, DqAndDkvIntermAtMfmaK32OfGfx950MatchTheCpuPhasesAndFloat64) {
+  run_cases(cases(), true, {Phase::Dq, Phase::DkvInterm});
+}
 
 }  // namespace
 }  // namespace smla::test

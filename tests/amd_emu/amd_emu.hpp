@@ -9,7 +9,7 @@
 // host's clang (ext_vector_type, __bf16) into a shared object with this file included first (-include), __HIPCC__
 // defined (portable.h then takes the HIP spellings), and __gfx950__ for that target's MFMA (K = 32).
 //
-// A launch runs its blocks one after another; a block's work-items are std::threads. __syncthreads is a barrier of the
+// A launch runs its blocks one after another; a block's work-items are std::threads (one set a launch). __syncthreads is a barrier of the
 // block, an MFMA a collective of the 64 lanes of its wavefront (each lane hands in its fragments, waits for the
 // wavefront, computes its own accumulator elements, waits again). A work-item that returns leaves the barriers (as an
 // exited wavefront does on the hardware). The block's LDS is a buffer of exactly the launch's size that ends at an
@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstddef>
 #include <cstdint>
@@ -123,8 +124,8 @@ template <int KPL, class F, class Acc> inline Acc mfma(const F& a, const F& b, A
   return d;
 }
 
-// Runs the grid: every block's work-items as threads; `kernel` is the entry called with the launch's arguments.
-// Returns 0, or -1 with `err` filled where the launch cannot be emulated.
+// Runs the grid: the block's work-items are threads (one set for the launch, block after block); `kernel` is the
+// entry called with the launch's arguments. Returns 0, or -1 with `err` filled where the launch cannot be emulated.
 inline int run_grid(const std::function<void()>& kernel, const unsigned grid[3], const unsigned block[3],
                     unsigned lds_bytes, char* err, size_t err_len) {
   auto fail = [&](const std::string& m) {
@@ -132,35 +133,46 @@ inline int run_grid(const std::function<void()>& kernel, const unsigned grid[3],
     return -1;
   };
   const unsigned threads = block[0] * block[1] * block[2];
-  if (threads == 0 || threads % kWave != 0) return fail("a block of " + std::to_string(threads) + " work-items is not whole wavefronts");
+  if (threads == 0 || threads % kWave != 0)
+    return fail("a block of " + std::to_string(threads) + " work-items is not whole wavefronts");
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   const size_t body = (size_t(lds_bytes) + page - 1) / page * page;
   void* map = mmap(nullptr, body + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) return fail("mmap of the LDS failed");
   unsigned char* base = static_cast<unsigned char*>(map);
-  mprotect(base + body, page, PROT_NONE);
+  if (mprotect(base + body, page, PROT_NONE) != 0) return munmap(map, body + page), fail("mprotect of the guard failed");
   g_block.lds = base + body - lds_bytes;  // ends at the guard page
   gridDim = {grid[0], grid[1], grid[2]};
   blockDim = {block[0], block[1], block[2]};
-  for (unsigned bz = 0; bz < grid[2]; ++bz)
-    for (unsigned by = 0; by < grid[1]; ++by)
-      for (unsigned bx = 0; bx < grid[0]; ++bx) {
-        std::memset(base, 0xCD, body);
-        g_block.bar = std::make_unique<std::barrier<>>(threads);
-        g_block.waves.clear();
-        for (unsigned w = 0; w < threads / kWave; ++w) g_block.waves.push_back(std::make_unique<Wave>());
-        std::vector<std::thread> th;
-        th.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t)
-          th.emplace_back([&, t] {
-            threadIdx = {t % block[0], t / block[0] % block[1], t / (block[0] * block[1])};
-            blockIdx = {bx, by, bz};
-            kernel();
-            // An exited work-item no longer counts at the barriers (a lane alone cannot leave an MFMA's wavefront).
-            g_block.bar->arrive_and_drop();
-          });
-        for (std::thread& x : th) x.join();
+  const unsigned long long blocks = 1ull * grid[0] * grid[1] * grid[2];
+  unsigned long long current = 0, next = 0;
+  // Between blocks every work-item waits at `gate`, whose completion sets up the next block: its LDS poisoned, its
+  // barriers new (a work-item that returned left the last block's).
+  auto next_block = [&]() noexcept {
+    current = next++;
+    if (current >= blocks) return;
+    std::memset(base, 0xCD, body);
+    g_block.bar = std::make_unique<std::barrier<>>(threads);
+    g_block.waves.clear();
+    for (unsigned w = 0; w < threads / kWave; ++w) g_block.waves.push_back(std::make_unique<Wave>());
+  };
+  std::barrier gate(threads, next_block);
+  std::vector<std::thread> th;
+  th.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t)
+    th.emplace_back([&, t] {
+      threadIdx = {t % block[0], t / block[0] % block[1], t / (block[0] * block[1])};
+      for (;;) {
+        gate.arrive_and_wait();
+        if (current >= blocks) return;
+        blockIdx = {unsigned(current % grid[0]), unsigned(current / grid[0] % grid[1]),
+                    unsigned(current / (1ull * grid[0] * grid[1]))};
+        kernel();
+        // An exited work-item no longer counts at the block's barrier (a lane alone cannot leave an MFMA's wavefront).
+        g_block.bar->arrive_and_drop();
       }
+    });
+  for (std::thread& x : th) x.join();
   munmap(map, body + page);
   return 0;
 }
@@ -168,6 +180,23 @@ inline int run_grid(const std::function<void()>& kernel, const unsigned grid[3],
 }  // namespace smla_emu
 
 inline void __syncthreads() { smla_emu::g_block.bar->arrive_and_wait(); }
+
+// HIP's atomics on global or shared memory (the memory-bound kernels' index check).
+template <class T> inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <class T> inline T atomicMin(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  T old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+template <class T> inline T atomicMax(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  T old = a.load();
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
 
 // HIP's __shfl_xor: the value of lane (l ^ mask), or the lane's own where that falls outside its group of `width`.
 // Every lane of the wavefront takes part (CDNA lanes run in lockstep; the kernels call it from whole wavefronts).
