@@ -1,20 +1,20 @@
-// test_amd_emulated.cpp: the AMD-only kernels (kernel_src/dq.hip, dkv_interm.hip) run, emulated on the host CPU, in
-// the backward the HIP planner orders, against the CPU backend's phases and the float64 reference.
+// test_amd_emulated.cpp: the HIP kernels (kernel_src/*.hip) run, emulated on the host CPU, in the backward the HIP
+// planner orders, against the CPU backend's phases and the float64 reference.
 //
-// No AMD GPU exists where smla is developed, so these kernels had only ever been compiled. Here each HIP launch of the
-// dq and dkv_interm phases is rendered as the runtime renders it for hipRTC (its defines, tiles and LDS size from
-// runtime/hip/kernels_hip.cpp), compiled by the host's clang with tests/amd_emu/amd_emu.hpp (the HIP device
-// environment: work-items as threads, an MFMA as a collective of 64 lanes under the layout amd_mfma.h assumes), and
-// launched with the HIP launch's grid, block and LDS. The other phases run the CPU backend's. Each emulated phase is
-// compared with the CPU phase run on the same state, as test_phases_gpu does for CUDA, and the outputs at the end with
-// the float64 reference. Both MFMA shapes run: K = 16 (gfx90a, gfx942) and K = 32 (gfx950).
+// No AMD GPU exists where smla is developed, so these kernels had only ever been compiled. Here each HIP launch is
+// rendered as the runtime renders it for hipRTC (its defines, tiles and LDS size from runtime/hip/kernels_hip.cpp),
+// compiled by the host's clang with tests/amd_emu/amd_emu.hpp (the HIP device environment: work-items as threads, an
+// MFMA as a collective of 64 lanes under the layout amd_mfma.h assumes), and launched with the HIP launch's grid,
+// block and LDS; csr's sort is a stand-in for rocPRIM's. Each emulated phase is compared with the CPU phase run on the
+// same state, as test_phases_gpu does for CUDA, and the outputs at the end with the float64 reference. Both MFMA
+// shapes run: K = 16 (gfx90a, gfx942) and K = 32 (gfx950).
 //
-// What it cannot see: the AMD compiler, the MFMA hardware's real layout, and LDS hazards between wavefronts (a host
-// thread's memory is coherent at every barrier).
+// What it cannot see: the AMD compiler, the MFMA hardware's real layout, LDS hazards between wavefronts (a host
+// thread's memory is coherent at every barrier), and rocPRIM.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -136,6 +136,22 @@ struct Tiles {
   int dq_block_h = 0, dq_block_r = 0, dkv_block_r = 0, dkv_block_d = 0;
 };
 
+// What the HIP backend's "@rocprim" launch does (hip_backend.cpp): rocPRIM's stable radix sort of the chunk's (key,
+// slot) pairs from buffer 1 - csr_final into buffer csr_final, on the key bits [0, radix_bits_for(num_kv)), which hold
+// every key (num_kv, the empty slots' key, included): a stable sort by the whole key. rocPRIM itself never runs here.
+void rocprim_sort_stand_in(const SmlaParams& p) {
+  const long long n = (long long)p.T * p.r_chunk;
+  const int in = 1 - p.csr_final, out = p.csr_final;
+  std::vector<long long> order(static_cast<size_t>(n));
+  for (long long i = 0; i < n; ++i) order[size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](long long a, long long b) { return p.csr_keys[in][a] < p.csr_keys[in][b]; });
+  for (long long i = 0; i < n; ++i) {
+    p.csr_keys[out][i] = p.csr_keys[in][order[size_t(i)]];
+    p.csr_vals[out][i] = p.csr_vals[in][order[size_t(i)]];
+  }
+}
+
 // The output tensors' spans under the runner's strides, in bytes: what a phase may write outside the workspace.
 struct Spans {
   size_t dq, dkv, d_sink;
@@ -149,7 +165,7 @@ Spans output_spans(const Tensors& t, const Case& c) {
 
 // The backward of case `c` in the HIP planner's order: the phases of `emulated` run their HIP launches emulated on
 // runner `e`, each checked against the CPU phase run on a copy of the same state (runner `h`); the others (csr, which
-// is rocPRIM's sort on AMD, always) run the CPU backend's, on `e`. At the end e's outputs meet the float64 reference.
+// the test may leave out) run the CPU backend's, on `e`. At the end e's outputs meet the float64 reference.
 // Returns how many emulated launches ran.
 int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const std::set<Phase>& emulated,
                           uint64_t seed) {
@@ -216,9 +232,13 @@ int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const 
     // The HIP launches, emulated, with the CPU step's params (its chunk and token offsets) and each launch's pass.
     for (; k < end; ++k) {
       const KernelSpec& spec = hip_steps[k].spec;
-      const LaunchFn fn = emu_kernels().get(spec, gfx950);
       SmlaParams p = cplan->step_params(cs[0], ebase);
       p.pass = spec.pass;
+      if (hip_is_library_kernel(spec)) {  // rocPRIM's sort, between csr's two kernels: done here, as it sorts
+        rocprim_sort_stand_in(p);
+        continue;
+      }
+      const LaunchFn fn = emu_kernels().get(spec, gfx950);
       const unsigned grid[3] = {spec.grid.x, spec.grid.y, spec.grid.z};
       const unsigned block[3] = {spec.block.x, spec.block.y, spec.block.z};
       char err[512] = {};
@@ -238,6 +258,11 @@ int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const 
     auto bytes = [](const auto& v) { return reinterpret_cast<const unsigned char*>(v.data()); };
     switch (first.phase) {
       case Phase::CheckTopk: region(L.index_report, false, true); break;
+      case Phase::Csr:  // every backend sorts the empty slots (key num_kv) last, stably: the final buffers whole
+        region(L.row_ptr, false, true);
+        region(ebase.csr_final ? L.csr_vals1 : L.csr_vals0, false, true);
+        region(ebase.csr_final ? L.csr_keys1 : L.csr_keys0, false, true);
+        break;
       case Phase::Delta: region(L.delta, false, false, kSumBar), region(L.lse_n, false, false, kSumBar); break;
       case Phase::Dq:
         region(L.ds, true, false), region(L.pm, true, false), region(L.dq_acc, false, false);
@@ -279,11 +304,11 @@ void run_cases(const std::vector<EmuCase>& cases, bool gfx950, const std::set<Ph
                  std::to_string(ec.tiles.dkv_block_d) + (gfx950 ? " gfx950" : " gfx90a") + " seed " +
                  std::to_string(seed));
     const int n = run_emulated_backward(c, ec.tiles, gfx950, emulated, seed);
-    // The launches the HIP planner orders for the emulated phases: per top-k chunk of each token chunk one dq, one
-    // dkv_interm and one gather; check_topk's three, delta and d_sink once.
+    // The kernel launches the HIP planner orders for the emulated phases: per top-k chunk of each token chunk one dq,
+    // one dkv_interm, one gather and csr's two (its sort is no kernel); check_topk's three, delta and d_sink once.
     const int chunks = (c.t_chunk ? (c.T + c.t_chunk - 1) / c.t_chunk : 1) * (c.r_chunk ? c.topk / c.r_chunk : 1);
     const int want = chunks * (int(emulated.count(Phase::Dq)) + int(emulated.count(Phase::DkvInterm)) +
-                               int(emulated.count(Phase::Gather))) +
+                               int(emulated.count(Phase::Gather)) + 2 * int(emulated.count(Phase::Csr))) +
                      3 * int(emulated.count(Phase::CheckTopk)) + int(emulated.count(Phase::Delta)) +
                      (c.sink ? int(emulated.count(Phase::DSink)) : 0);
     EXPECT_EQ(n, want) << "emulated launches";
@@ -323,12 +348,12 @@ std::vector<EmuCase> cases() {
   };
 }
 
-// Every HIP kernel but csr's (rocPRIM's sort; its key and row_ptr kernels launch around it) emulated, at MFMA K 16
-// (gfx90a, gfx942). The memory-bound bodies are CUDA's sources, here at AMD's geometry (64-lane wavefronts, each two
-// of the kernels' 32-lane warps: the shuffles' width).
-TEST(AmdEmulated, EveryHipKernelButCsrAtMfmaK16MatchesTheCpuPhasesAndFloat64) {
+// Every HIP kernel emulated, at MFMA K 16 (gfx90a, gfx942); csr's sort between its two kernels is a stand-in for
+// rocPRIM's. The memory-bound bodies are CUDA's sources, here at AMD's geometry (64-lane wavefronts, each two of the
+// kernels' 32-lane warps: the shuffles' width).
+TEST(AmdEmulated, EveryHipKernelAtMfmaK16MatchesTheCpuPhasesAndFloat64) {
   run_cases(cases(), false,
-            {Phase::CheckTopk, Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Gather, Phase::DSink});
+            {Phase::CheckTopk, Phase::Csr, Phase::Delta, Phase::Dq, Phase::DkvInterm, Phase::Gather, Phase::DSink});
 }
 
 // The matrix phases again at gfx950's MFMA K 32 (the other phases' kernels do not depend on the target).
