@@ -58,6 +58,28 @@ M = {
  'dq80-pds-edge': [('dq.cu', 'if (rr < r_chunk) {', 'if (rr <= r_chunk) {')],
  'dkw3-last-announce': [('dkv_wgmma.cuh', 'if (n_tiles > 3) smla_cp_async_announce<0>(full0 + 8 * ((n_tiles - 1) % 3));', 'if (n_tiles > 4) smla_cp_async_announce<0>(full0 + 8 * ((n_tiles - 1) % 3));')],
  'dqw-chunk-out': [('dq_wgmma.cuh', '    if (p.chunk == p.n_chunks - 1) {\n      // The bf16 dQ half', '    if (p.chunk >= p.n_chunks - 2) {\n      // The bf16 dQ half')],
+ # ---- round 3 (v45): the HIP sources, run here by test_amd_emulated (bench/kernel_mutants_emulated.sh), not on a GPU
+ 'hip-dq-valid': [('dq.hip', 'pv[v] = valid ? pe : 0.f;', 'pv[v] = pe;')],
+ 'hip-dq-rr-edge': [('dq.hip', 'const int k = (rr < p.r_chunk && p.r_start + rr < p.topk_n) ? topk_row[rr] : -1;',
+                     'const int k = (rr <= p.r_chunk && p.r_start + rr < p.topk_n) ? topk_row[rr] : -1;')],
+ 'hip-dq-store-edge': [('dq.hip', '    if (rr < r_chunk) {\n      const long long o', '    if (rr <= r_chunk) {\n      const long long o')],
+ 'hip-dq-carry': [('dq.hip', 'if (p.n_chunks > 1 && p.chunk > 0) {', 'if (p.n_chunks > 1 && p.chunk > 1) {')],
+ 'hip-dq-sync': [('dq.hip', '    }\n    __syncthreads();\n\n    // ---- dQ', '    }\n\n    // ---- dQ')],
+ 'hip-dq-delta': [('dq.hip', 'dl[v] = p.delta[th + v];', 'dl[v] = p.delta[th];')],
+ 'hip-dq-dqsh': [('dq.hip', 'p.dq[t * p.dq_st + h * p.dq_sh + d]', 'p.dq[t * p.dq_st + h * SMLA_D + d]')],
+ 'hip-dq-kvb': [('dq.hip', 'const smla_bf16* kvb = sKV + (ks * AMD_K + kg) * DQ_ROW + wn * DQ_DW + c16;',
+                 'const smla_bf16* kvb = sKV + (ks * AMD_K) * DQ_ROW + wn * DQ_DW + c16;')],
+ 'hip-dkv-store-edge': [('dkv_interm.hip', 'if (rr >= r_chunk) continue;', 'if (rr > r_chunk) continue;')],
+ 'hip-dkv-do-sh': [('dkv_interm.hip', '(k - HEADS) * p.do_sh', '(k - HEADS) * SMLA_D')],
+ 'hip-dkv-in-edge': [('dkv_interm.hip', 'in[mi] = rr < r_chunk;', 'in[mi] = rr <= r_chunk;')],  # equivalent (v45)
+ 'hip-dkv-row-stride': [('dkv_interm.hip', 'row0 += BLOCK_R)', 'row0 += BLOCK_R / 2)')],  # equivalent (v45)
+ 'hip-dkv-hi-half': [('dkv_interm.hip', 'sBt[(c * 8 + 2 * e + 1) * DK_BROW + k] = (smla_bf16)(w[e] >> 16);',
+                      'sBt[(c * 8 + 2 * e + 1) * DK_BROW + k] = (smla_bf16)(w[e] & 0xffffu);')],
+ 'hip-dkv-sync': [('dkv_interm.hip', '  }\n  __syncthreads();\n\n  for (int row0', '  }\n\n  for (int row0')],
+ 'hip-dkv-pm-half': [('dkv_interm.hip', 'const smla_bf16* src = k < HEADS ? p.ds + k : p.pm + (k - HEADS);',
+                      'const smla_bf16* src = k < HEADS ? p.ds + k : p.pm + k;')],
+ 'hip-csr-key-stride': [('csr.hip', 'const int k = p.topk[t * p.topk_st + p.r_start + rr];',
+                         'const int k = p.topk[t * p.topk_n + p.r_start + rr];')],
 }
 out = sys.argv[1]
 names = sys.argv[2:] or list(M)
