@@ -72,16 +72,18 @@ class EmuKernels {
  public:
   LaunchFn get(const KernelSpec& spec, bool gfx950) {
     const RenderedSource src = sources_.render(spec, "hip");
-    std::string cxx, why;
-    cxx = emu_cxx(&why);
+    std::string why;
+    const std::string cxx = emu_cxx(&why);
     if (cxx.empty()) throw std::runtime_error(why);
     const std::string flags = std::string("-std=c++20 -O1 -fPIC -shared -w -pthread -D__HIPCC__") +
                               (gfx950 ? " -D__gfx950__" : "");
     const std::string emu_header = read_file(SMLA_EMU_HEADER);
     if (emu_header.empty()) throw std::runtime_error(std::string("cannot read ") + SMLA_EMU_HEADER);
-    std::string unit = with_emulated_lds(src.text) + "\nSMLA_EMU_LAUNCHER(" + spec.entry + ")\n";
+    const std::string unit = with_emulated_lds(src.text) + "\nSMLA_EMU_LAUNCHER(" + spec.entry + ")\n";
+    std::vector<std::pair<std::string, std::string>> headers;
+    for (const auto& [name, text] : src.headers) headers.emplace_back(name, with_emulated_lds(text));
     std::string all = cxx + "\n" + flags + "\n" + emu_header + "\n" + unit;
-    for (const auto& [name, text] : src.headers) all += "\n// " + name + "\n" + with_emulated_lds(text);
+    for (const auto& [name, text] : headers) all += "\n// " + name + "\n" + text;
     const XXH128_hash_t h = XXH3_128bits(all.data(), all.size());
     char key[40];
     std::snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
@@ -96,7 +98,7 @@ class EmuKernels {
       // result into place; both are the same bytes).
       const fs::path work = dir / (std::string(key) + ".d." + std::to_string(::getpid()));
       fs::create_directories(work);
-      for (const auto& [name, text] : src.headers) std::ofstream(work / name, std::ios::binary) << with_emulated_lds(text);
+      for (const auto& [name, text] : headers) std::ofstream(work / name, std::ios::binary) << text;
       std::ofstream(work / "unit.cpp", std::ios::binary) << unit;
       const fs::path out = work / "unit.so", log = work / "log";
       const std::string cmd = "'" + cxx + "' " + flags + " -include '" + SMLA_EMU_HEADER + "' -I'" + work.string() +
@@ -164,9 +166,9 @@ Spans output_spans(const Tensors& t, const Case& c) {
 }
 
 // The backward of case `c` in the HIP planner's order: the phases of `emulated` run their HIP launches emulated on
-// runner `e`, each checked against the CPU phase run on a copy of the same state (runner `h`); the others (csr, which
-// the test may leave out) run the CPU backend's, on `e`. At the end e's outputs meet the float64 reference.
-// Returns how many emulated launches ran.
+// runner `e`, each checked against the CPU phase run on a copy of the same state (runner `h`); the phases not in
+// `emulated` run the CPU backend's, on `e`. At the end e's outputs meet the float64 reference. Returns how many
+// emulated kernel launches ran.
 int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const std::set<Phase>& emulated,
                           uint64_t seed) {
   const ref::Inputs in = make_case_inputs(c, seed);
