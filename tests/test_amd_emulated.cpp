@@ -30,11 +30,13 @@
 
 #include "runtime/env.hpp"
 #include "runtime/hip/kernels_hip.hpp"
+#include "runtime/kernel_key.hpp"
 #include "runtime/plan_impl.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/sources.hpp"
 #include "tests/e2e_common.hpp"
 #include "tests/phase_compare.hpp"
+#include "tests/read_text_file.hpp"
 
 namespace smla::test {
 namespace {
@@ -42,13 +44,6 @@ namespace {
 namespace fs = std::filesystem;
 
 using LaunchFn = int (*)(const SmlaParams*, const unsigned*, const unsigned*, unsigned, char*, size_t);
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The host clang that compiles the emulated units: SMLA_EMU_CXX, else the one CMake found (hipcc's clang-15).
 std::string emu_cxx(std::string* why) {
@@ -71,23 +66,26 @@ std::string with_emulated_lds(const std::string& text) {
 class EmuKernels {
  public:
   LaunchFn get(const KernelSpec& spec, bool gfx950) {
+    // Within the process: a unit is what selects it (as Runtime's in-process map keys a module), looked up before
+    // any rendering, reading or hashing.
+    const std::string id = spec.stem + "|" + defines_id(spec) + "|" + spec.entry + (gfx950 ? "|gfx950" : "");
+    if (auto it = loaded_.find(id); it != loaded_.end()) return it->second;
     const RenderedSource src = sources_.render(spec, "hip");
     std::string why;
     const std::string cxx = emu_cxx(&why);
     if (cxx.empty()) throw std::runtime_error(why);
     const std::string flags = std::string("-std=c++20 -O1 -fPIC -shared -w -pthread -D__HIPCC__") +
                               (gfx950 ? " -D__gfx950__" : "");
-    const std::string emu_header = read_file(SMLA_EMU_HEADER);
-    if (emu_header.empty()) throw std::runtime_error(std::string("cannot read ") + SMLA_EMU_HEADER);
+    if (emu_header_.empty()) emu_header_ = read_text_file(SMLA_EMU_HEADER);
+    if (emu_header_.empty()) throw std::runtime_error(std::string("cannot read ") + SMLA_EMU_HEADER);
     const std::string unit = with_emulated_lds(src.text) + "\nSMLA_EMU_LAUNCHER(" + spec.entry + ")\n";
     std::vector<std::pair<std::string, std::string>> headers;
     for (const auto& [name, text] : src.headers) headers.emplace_back(name, with_emulated_lds(text));
-    std::string all = cxx + "\n" + flags + "\n" + emu_header + "\n" + unit;
+    std::string all = cxx + "\n" + flags + "\n" + emu_header_ + "\n" + unit;
     for (const auto& [name, text] : headers) all += "\n// " + name + "\n" + text;
     const XXH128_hash_t h = XXH3_128bits(all.data(), all.size());
     char key[40];
     std::snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-    if (auto it = loaded_.find(key); it != loaded_.end()) return it->second;
 
     const char* cache = std::getenv("SMLA_CACHE_DIR");
     const fs::path dir = fs::path(cache && *cache ? cache : fs::temp_directory_path().string()) / "amd-emu";
@@ -107,7 +105,7 @@ class EmuKernels {
       const int rc = std::system(cmd.c_str());
       if (rc != 0) {
         const std::string msg = "emulated compile of " + src.name + " (" + spec.entry + ") failed (" +
-                                std::to_string(rc) + "): " + cmd + "\n" + read_file(log.string()).substr(0, 4000);
+                                std::to_string(rc) + "): " + cmd + "\n" + read_text_file(log.string()).substr(0, 4000);
         fs::remove_all(work);
         throw std::runtime_error(msg);
       }
@@ -118,14 +116,15 @@ class EmuKernels {
     if (!lib) throw std::runtime_error(std::string("dlopen ") + so.string() + ": " + ::dlerror());
     auto fn = reinterpret_cast<LaunchFn>(::dlsym(lib, ("smla_emu_launch_" + spec.entry).c_str()));
     if (!fn) throw std::runtime_error("no launcher for " + spec.entry + " in " + so.string());
-    loaded_[key] = fn;
+    loaded_[id] = fn;
     return fn;
   }
 
  private:
   // What plan() renders: the sources built into the library, or SMLA_KERNEL_SRC_DIR's (a mutation audit's tree).
   KernelSources sources_{runtime_env().kernel_src_dir};
-  std::map<std::string, LaunchFn> loaded_;
+  std::string emu_header_;
+  std::map<std::string, LaunchFn> loaded_;  // by stem, defines, entry and target
 };
 
 EmuKernels& emu_kernels() {
@@ -152,17 +151,6 @@ void rocprim_sort_stand_in(const SmlaParams& p) {
     p.csr_keys[out][i] = p.csr_keys[in][order[size_t(i)]];
     p.csr_vals[out][i] = p.csr_vals[in][order[size_t(i)]];
   }
-}
-
-// The output tensors' spans under the runner's strides, in bytes: what a phase may write outside the workspace.
-struct Spans {
-  size_t dq, dkv, d_sink;
-};
-Spans output_spans(const Tensors& t, const Case& c) {
-  const int64_t st = t.dq_stride_t ? t.dq_stride_t : int64_t(c.H) * 512, sh = t.dq_stride_h ? t.dq_stride_h : 512;
-  const int64_t kst = t.dkv_stride ? t.dkv_stride : 512;
-  return {size_t((c.T - 1) * st + (c.H - 1) * sh + 512) * 2, size_t((c.num_kv - 1) * kst + 512) * (c.dkv_fp32 ? 4 : 2),
-          c.sink ? size_t(c.H) * 4 : 0};
 }
 
 // The backward of case `c` in the HIP planner's order: the phases of `emulated` run their HIP launches emulated on
@@ -199,7 +187,6 @@ int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const 
   h.poison_outputs();
   const SmlaParams ebase = cplan->base_params(e.tensors(), ews, e.workspace_size());
   const SmlaParams hbase = cplan->base_params(h.tensors(), hws, h.workspace_size());
-  const Spans span = output_spans(e.tensors(), c);
   const WorkspaceLayout& L = cplan->layout_;
   auto same_group = [](const Step& a, const Step& b) {
     return a.phase == b.phase && a.chunk == b.chunk && a.t_index == b.t_index;
@@ -227,9 +214,9 @@ int run_emulated_backward(const Case& c, const Tiles& tiles, bool gfx950, const 
                  " token chunk " + std::to_string(first.t_index));
     // The CPU phase on a copy of the emulated run's state.
     std::memcpy(hws, ews, ws);
-    std::memcpy(h.tensors().dq, e.tensors().dq, span.dq);
-    std::memcpy(h.tensors().dkv, e.tensors().dkv, span.dkv);
-    if (span.d_sink) std::memcpy(h.tensors().d_sink, e.tensors().d_sink, span.d_sink);
+    std::memcpy(h.tensors().dq, e.tensors().dq, e.dq_bytes());
+    std::memcpy(h.tensors().dkv, e.tensors().dkv, e.dkv_bytes());
+    if (e.d_sink_bytes()) std::memcpy(h.tensors().d_sink, e.tensors().d_sink, e.d_sink_bytes());
     cplan->launch_step(cs[0], hbase, nullptr);
     // The HIP launches, emulated, with the CPU step's params (its chunk and token offsets) and each launch's pass.
     for (; k < end; ++k) {

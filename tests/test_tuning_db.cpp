@@ -30,6 +30,8 @@
 #include "runtime/tuning_db.hpp"
 #include "smla/smla.hpp"
 
+#include "tests/read_text_file.hpp"
+
 namespace smla {
 const std::vector<std::pair<std::string, std::string>>& embedded_kernel_sources();  // generated, in the library
 namespace {
@@ -59,13 +61,6 @@ TuningEntry entry(int bh, int64_t rc, double ms = 1.0) {
   e.T_tuned = 4096;
   e.num_kv_tuned = 5120;
   return e;
-}
-
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 TEST(TuningDb, BucketsAndClassKey) {
@@ -142,7 +137,7 @@ TEST(TuningDb, StoreThenLookupInAnotherInstance) {
   EXPECT_FALSE(other.lookup("sm_90a", problem(4096, 64)));
   EXPECT_TRUE(other.warnings().empty());
   // The file is the documented format, and the lock file sits beside it.
-  const auto doc = nlohmann::json::parse(read(path));
+  const auto doc = nlohmann::json::parse(test::read_text_file(path));
   EXPECT_EQ(doc["format"], "smla-tuning-db");
   EXPECT_EQ(doc["schema"], kTuningSchema);
   EXPECT_TRUE(fs::exists(path + ".lock"));
@@ -159,7 +154,7 @@ TEST(TuningDb, BodiesRoundTripAndOldEntriesReadAsDefault) {
     e.config.dkv_impl = dkv;
     TuningDb(path, "v1").store("sm_90a", problem(4096, 128, 5120, 512 + 16 * dkv), e);
   }
-  auto doc = nlohmann::json::parse(read(path));
+  auto doc = nlohmann::json::parse(test::read_text_file(path));
   ASSERT_EQ(doc["entries"].size(), 4u);
   for (auto& [key, v] : doc["entries"].items()) {
     ASSERT_TRUE(v["config"].contains("dkv_impl")) << key;
@@ -317,7 +312,7 @@ TEST(TuningDb, ConcurrentWritersMerge) {
       ASSERT_TRUE(e) << "entry of writer " << c << " #" << i << " lost";
       EXPECT_DOUBLE_EQ(e->ms, c + i);
     }
-  EXPECT_EQ(nlohmann::json::parse(read(path))["entries"].size(), size_t(kProcs * kEach));
+  EXPECT_EQ(nlohmann::json::parse(test::read_text_file(path))["entries"].size(), size_t(kProcs * kEach));
   EXPECT_TRUE(db.warnings().empty());
   // No temp file left behind.
   for (const auto& f : fs::directory_iterator(d.path))
@@ -341,7 +336,7 @@ TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
   TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
-  const std::string before = read(path);
+  const std::string before = test::read_text_file(path);
   const int held = ::open((path + ".lock").c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX), 0);
@@ -380,7 +375,7 @@ TEST(TuningDb, StoreWaitsForTheLockBoundedAndNamesIt) {
   EXPECT_NE(msg.find(path + ".lock"), std::string::npos) << msg;
   EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << "the holder is named: " << msg;
   EXPECT_NE(msg.find("SMLA_TUNING_DB_LOCK_TIMEOUT_S"), std::string::npos) << msg;
-  EXPECT_EQ(read(path), before) << "nothing stored";
+  EXPECT_EQ(test::read_text_file(path), before) << "nothing stored";
   TuningDb(path, "v1").store("sm_90a", problem(8192), entry(16, 64));  // released: stores again
   EXPECT_TRUE(TuningDb(path, "v1").lookup("sm_90a", problem(8192)));
 }
@@ -458,7 +453,7 @@ TEST(TuningDb, StoreRemovesTempFilesOfDeadWriters) {
                                                                           {older_smla_old, 2 * 3600},
                                                                           {older_smla_new, 20 * 60},
                                                                           {not_ours, 2 * 3600}}) {
-    std::ofstream(f) << read(path);
+    std::ofstream(f) << test::read_text_file(path);
     const timespec t[2] = {{now - age, 0}, {now - age, 0}};
     ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0);
   }
@@ -495,7 +490,7 @@ TEST_P(CorruptFile, IgnoredWithWarningThenReplacedOrLeftAlone) {
     TuningDb db(path, "v1");
     db.store("sm_90a", problem(4096), entry(32, 256));
   }
-  const std::string valid = read(path);
+  const std::string valid = test::read_text_file(path);
   const std::string kind = GetParam();
   // wrong_types: json's value() would throw type_error out of the lookup (and plan()).
   const std::string bad = kind == "garbage"       ? std::string("\x00\xff\x13garbage{{", 11)
@@ -523,7 +518,7 @@ TEST_P(CorruptFile, IgnoredWithWarningThenReplacedOrLeftAlone) {
       EXPECT_EQ(e.status(), Status::InvalidArgument);
       EXPECT_NE(e.message().find("not overwritten"), std::string::npos) << e.message();
     }
-    EXPECT_EQ(read(path), bad);
+    EXPECT_EQ(test::read_text_file(path), bad);
     EXPECT_TRUE(replaced_files(path).empty());
     return;
   }
@@ -531,10 +526,10 @@ TEST_P(CorruptFile, IgnoredWithWarningThenReplacedOrLeftAlone) {
   // What was there is not destroyed: kept byte for byte under the name the warning gives.
   const auto kept = replaced_files(path);
   ASSERT_EQ(kept.size(), 1u);
-  EXPECT_EQ(read(kept[0]), bad);
+  EXPECT_EQ(test::read_text_file(kept[0]), bad);
   ASSERT_EQ(db.warnings().size(), 2u);
   EXPECT_NE(db.warnings()[1].find("kept as " + kept[0]), std::string::npos) << db.warnings()[1];
-  const auto doc = nlohmann::json::parse(read(path));  // valid again
+  const auto doc = nlohmann::json::parse(test::read_text_file(path));  // valid again
   EXPECT_EQ(doc["entries"].size(), 1u);
   EXPECT_EQ(db.lookup("sm_90a", problem(8192))->dq_block_h, 16);
   TuningDb fresh(path, "v1");
@@ -558,19 +553,19 @@ TEST(TuningDb, OtherRuntimeVersionOrSchemaIgnored) {
   EXPECT_EQ(old_db.lookup("sm_90a", problem(4096))->dq_block_h, 32) << "the other version's entry was clobbered";
 
   // A file of an older schema: ignored with a warning, rewritten by the next store.
-  auto doc = nlohmann::json::parse(read(path));
+  auto doc = nlohmann::json::parse(test::read_text_file(path));
   doc["schema"] = kTuningSchema - 1;
   std::ofstream(path, std::ios::trunc) << doc.dump();
   TuningDb next(path, "smla-0.1.0;kernels=2");
   EXPECT_FALSE(next.lookup("sm_90a", problem(4096)));
   ASSERT_EQ(next.warnings().size(), 1u);
   EXPECT_NE(next.warnings()[0].find("schema"), std::string::npos);
-  const std::string older = read(path);
+  const std::string older = test::read_text_file(path);
   next.store("sm_90a", problem(4096), entry(16, 64));
-  EXPECT_EQ(nlohmann::json::parse(read(path))["schema"], kTuningSchema);
+  EXPECT_EQ(nlohmann::json::parse(test::read_text_file(path))["schema"], kTuningSchema);
   const auto kept = replaced_files(path);  // the older smla's database stays usable by it under another name
   ASSERT_EQ(kept.size(), 1u);
-  EXPECT_EQ(read(kept[0]), older);
+  EXPECT_EQ(test::read_text_file(kept[0]), older);
   EXPECT_EQ(next.lookup("sm_90a", problem(4096))->dq_block_h, 16);
 }
 
@@ -583,11 +578,11 @@ TEST(TuningDb, NewerSchemaIsNeverOverwritten) {
     TempDir d;
     const std::string path = d.path + "/tuning.json";
     TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
-    auto doc = nlohmann::json::parse(read(path));
+    auto doc = nlohmann::json::parse(test::read_text_file(path));
     doc["schema"] = schema;
     doc["added_by_the_newer_smla"] = true;
     std::ofstream(path, std::ios::trunc) << doc.dump();
-    const std::string before = read(path);
+    const std::string before = test::read_text_file(path);
 
     TuningDb db(path, "v1");
     EXPECT_FALSE(db.lookup("sm_90a", problem(4096))) << "an entry of another schema was used";
@@ -602,7 +597,7 @@ TEST(TuningDb, NewerSchemaIsNeverOverwritten) {
       EXPECT_NE(e.message().find("schema " + std::to_string(kTuningSchema)), std::string::npos) << e.message();
     }
     EXPECT_TRUE(refused) << "a store over a newer schema succeeded";
-    EXPECT_EQ(read(path), before) << "the newer database was rewritten";
+    EXPECT_EQ(test::read_text_file(path), before) << "the newer database was rewritten";
   }
 }
 
@@ -649,7 +644,7 @@ TEST(TuningDb, MalformedEntriesAreIgnoredNotTruncated) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
   TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));  // topk 512: the good one
-  auto doc = nlohmann::json::parse(read(path));
+  auto doc = nlohmann::json::parse(test::read_text_file(path));
   const nlohmann::json good = doc["entries"].begin().value();
   struct Bad {
     const char* name;
@@ -757,7 +752,7 @@ TEST(TuningDb, UnreadableFileWarnsWithTheReasonAndIsNotRewritten) {
   TempDir d;
   const std::string path = d.path + "/tuning.json";
   TuningDb(path, "v1").store("sm_90a", problem(4096), entry(32, 256));
-  const std::string before = read(path);
+  const std::string before = test::read_text_file(path);
   ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
   auto check = [&path]() -> std::string {
     TuningDb db(path, "v1");
@@ -783,7 +778,7 @@ TEST(TuningDb, UnreadableFileWarnsWithTheReasonAndIsNotRewritten) {
     ::chmod(path.c_str(), 0600);
   }
   EXPECT_EQ(r, "");
-  EXPECT_EQ(read(path), before);
+  EXPECT_EQ(test::read_text_file(path), before);
 }
 
 // ~/.cache/smla/tuning.json -> /shared/tuning.json: a store replaces the target, not the link, and writers through
@@ -802,7 +797,7 @@ TEST(TuningDb, SymlinkedPathKeepsTheLinkAndSharesOneLock) {
   EXPECT_TRUE(fs::is_symlink(l1)) << "the link was replaced by a plain file";
   EXPECT_TRUE(fs::is_symlink(l2)) << "the link was replaced by a plain file";
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(real)));
-  EXPECT_EQ(nlohmann::json::parse(read(real))["entries"].size(), 3u);
+  EXPECT_EQ(nlohmann::json::parse(test::read_text_file(real))["entries"].size(), 3u);
   EXPECT_TRUE(fs::exists(real + ".lock"));
   EXPECT_FALSE(fs::exists(l1 + ".lock")) << "a lock beside the link does not exclude writers through another";
   EXPECT_FALSE(fs::exists(l2 + ".lock"));
@@ -897,7 +892,7 @@ TEST(TuningDb, SharedTmpFallbackIsUsedOnlyWhilePrivate) {
       EXPECT_NE(e.message().find("not using " + dir), std::string::npos) << e.message();
     }
   }
-  EXPECT_EQ(read(path).find("T<=8192"), std::string::npos) << "the refused store wrote the file";
+  EXPECT_EQ(test::read_text_file(path).find("T<=8192"), std::string::npos) << "the refused store wrote the file";
   ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);  // now this user's alone: read and written
   EXPECT_TRUE(db.lookup("sm_90a", problem(4096)));
   db.store("sm_90a", problem(8192), entry(16, 64));

@@ -26,6 +26,7 @@
 #include "runtime/kernel_key.hpp"
 #include "runtime/planner.hpp"
 #include "runtime/sources.hpp"
+#include "tests/read_text_file.hpp"
 #include "runtime/tuning_db.hpp"
 #include "runtime/warmup.hpp"
 
@@ -50,13 +51,6 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 struct ToolRun {
   int code = -1;
   std::string out, err;
@@ -77,8 +71,8 @@ ToolRun warmup_tool(const std::string& args, const TempDir& scratch, const std::
   const int st = std::system(cmd.c_str());
   ToolRun r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(o);
-  r.err = slurp(e);
+  r.out = test::read_text_file(o);
+  r.err = test::read_text_file(e);
   return r;
 }
 
@@ -784,8 +778,8 @@ TEST(WarmupTool, KernelSourceDirFromTheEnvironmentAsPlanReadsIt) {
                             "/cache >" + o + " 2>/dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::map<std::string, std::string> k;
-    const auto j = nlohmann::json::parse(slurp(o), nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << slurp(o);
+    const auto j = nlohmann::json::parse(test::read_text_file(o), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << test::read_text_file(o);
     if (j.is_discarded()) return k;
     for (const auto& item : j.value("kernels", nlohmann::json::array()))
       k[item.value("kernel", "")] = item.value("key", "");

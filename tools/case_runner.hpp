@@ -61,6 +61,11 @@ class CaseRunner {
   /// A workspace of at least `bytes` and the outputs, both poisoned: what a run whose outputs are read starts on.
   void* poisoned_for_run(size_t bytes);
   Outputs read_outputs() const;
+  /// Bytes of the dq and dkv allocations (their whole spans under the layout's strides, gaps included) and of d_sink
+  /// (0 without a sink): what a copy of the outputs' state takes.
+  size_t dq_bytes() const { return dq_shape_.span() * dq_shape_.elem; }
+  size_t dkv_bytes() const { return dkv_shape_.span() * dkv_shape_.elem; }
+  size_t d_sink_bytes() const { return p_.has_sink ? size_t(p_.H) * 4 : 0; }
 
  private:
   void* add(const void* src, size_t bytes);
