@@ -13,8 +13,12 @@ FILTER=${FILTER:-AmdEmulated.EveryHipKernel*}
 export SMLA_CACHE_DIR=${SMLA_CACHE_DIR:-/tmp/smla-kernel-mutants-emulated}
 for n in "$@"; do
   s=$SECONDS
-  out=$(SMLA_KERNEL_SRC_DIR=$D/$n timeout "${PER_TEST_S:-900}" "$BUILD/bin/test_amd_emulated" --gtest_filter="$FILTER" 2>&1)
+  out=$(SMLA_KERNEL_SRC_DIR=$D/$n timeout "${PER_TEST_S:-900}" "$BUILD/bin/test_amd_emulated" \
+        --gtest_filter="$FILTER" 2>&1)
   rc=$?
   if [ $rc -eq 0 ]; then echo "$n: survived ($((SECONDS - s)) s)"
-  else echo "$n: killed, rc $rc ($((SECONDS - s)) s): $(grep -m1 -A5 'Failure' <<<"$out" | grep -m1 -E 'differs|rel_err|Which is|exception|of token|of row|of head' || echo '?')"; fi
+  else
+    first=$(grep -m1 -A5 'Failure' <<<"$out" | grep -m1 -E 'differs|rel_err|Which is|exception|of token|of row|of head')
+    echo "$n: killed, rc $rc ($((SECONDS - s)) s): ${first:-?}"
+  fi
 done

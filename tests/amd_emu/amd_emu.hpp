@@ -9,10 +9,10 @@
 // host's clang (ext_vector_type, __bf16) into a shared object with this file included first (-include), __HIPCC__
 // defined (portable.h then takes the HIP spellings), and __gfx950__ for that target's MFMA (K = 32).
 //
-// A launch runs its blocks one after another; a block's work-items are std::threads (one set a launch). __syncthreads is a barrier of the
-// block, an MFMA a collective of the 64 lanes of its wavefront (each lane hands in its fragments, waits for the
-// wavefront, computes its own accumulator elements, waits again). A work-item that returns leaves the barriers (as an
-// exited wavefront does on the hardware). The block's LDS is a buffer of exactly the launch's size that ends at an
+// A launch runs its blocks one after another; a block's work-items are std::threads (one set a launch).
+// __syncthreads is a barrier of the block, an MFMA a collective of the 64 lanes of its wavefront (each lane hands in
+// its fragments, waits for the wavefront, computes its own accumulator elements, waits again). A work-item that
+// returns leaves the block's barrier (as an exited wavefront does on the hardware). The block's LDS is a buffer of exactly the launch's size that ends at an
 // inaccessible page (a write or read past it faults), filled with 0xCD before each block.
 #pragma once
 
@@ -140,7 +140,10 @@ inline int run_grid(const std::function<void()>& kernel, const unsigned grid[3],
   void* map = mmap(nullptr, body + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) return fail("mmap of the LDS failed");
   unsigned char* base = static_cast<unsigned char*>(map);
-  if (mprotect(base + body, page, PROT_NONE) != 0) return munmap(map, body + page), fail("mprotect of the guard failed");
+  if (mprotect(base + body, page, PROT_NONE) != 0) {
+    munmap(map, body + page);
+    return fail("mprotect of the LDS guard page failed");
+  }
   g_block.lds = base + body - lds_bytes;  // ends at the guard page
   gridDim = {grid[0], grid[1], grid[2]};
   blockDim = {block[0], block[1], block[2]};
