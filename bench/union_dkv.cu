@@ -1,0 +1,320 @@
+// union_dkv.cu: the premise of a dkv_interm that sums the kv rows a token pair shares before storing them (perf notes
+// v46; bench/union_sim.py counts the rows).
+//
+// Today (dkv_impl 2 at H 128) a block owns one token and 256 columns: B = [q ; dout] for those columns (2H x 256,
+// 128 KB) stays in shared memory, and each 64-row tile of A = [ds | pm] (64 x 2H, 32 KB) is read by the token's two
+// blocks. A pair of tokens would need both tokens' B: 256 KB for 256 columns, which no SM has. So the pair's blocks own
+// 128 columns each (B 2 x 64 KB), four blocks a pair, and each A tile would be read four times from L2 instead of twice
+// (+2 GB of L2 reads at the seed, where dkv_interm already runs at 87% of L2's peak). The four blocks as a cluster, each
+// fetching a quarter of every A tile and multicasting it to the four (cp.async.bulk ... .multicast::cluster), read each
+// A tile from L2 once. What this times is whether such a cluster keeps its tensor pipe fed.
+//
+// A unit = one 64-row tile of one token: 16 wgmma k-steps (K = 2H = 256) a warpgroup into the tile's accumulator. A
+// group (a token today, a pair in the union) runs `tiles` tiles; the first `both` tiles have a unit for each token of
+// the pair (rows both tokens pick), the rest one (rows one token picks). After a tile's last unit its accumulator goes
+// to global memory as bf16 (the interm rows). Data are random; no result is checked (the products' layouts are the
+// real ones, the values are not), but every accumulator is stored, so none is dead code.
+// Block: warpgroup 0 is the producer (one thread: bulk copies on mbarriers), warpgroups 1 and 2 the consumers (NW
+// columns each). Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
+//   tok      today's shape: clusters of 1, a block = (token, 256 columns), NW 128, each block copies whole A tiles
+//   mcast    clusters of 4, a block = (pair, 128 columns), NW 64, each block copies a quarter of each A tile to all four
+//   self     the same blocks without the multicast: each copies whole A tiles (4 L2 reads of each)
+//   noa      the same blocks, no A copies at all (the consumers read stale slots): the tensor pipe and the stores alone
+// Standalone (not part of the library or its tests; ctest Bench.UnionDkvBuildsForSm90a builds it):
+//   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o union_dkv bench/union_dkv.cu
+//   ./union_dkv [T TOK_TILES PAIR_TILES PAIR_BOTH]   (default 4096 7 9 6: the seed's averages, union_sim.py B 2)
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include "cuda_check.cuh"
+#include <cstdio>
+#include <cstdlib>
+
+#include "common.cuh"  // smla_smem_addr
+#include "wgmma.cuh"
+#include "sm90_sync.cuh"  // smla_mbar_init
+
+namespace cg = cooperative_groups;
+
+constexpr int kK = 256;               // 2H at H 128
+constexpr int kUnit = 64 * kK * 2;    // one A tile: 64 rows x 256 K, bf16, four 8 KB K chunks (128-byte swizzle)
+constexpr int kSlots = 3;
+constexpr int kThreads = 384;
+constexpr int kBBytes = 128 * 1024;   // a block's B
+constexpr int kSmem = kBBytes + kSlots * kUnit + 64 + 1024;  // + barriers, + the base's alignment
+enum Mode { kTok = 0, kMcast = 1, kSelf = 2, kNoA = 3 };
+const char* const kModeName[] = {"tok", "mcast", "self", "noa"};
+
+__device__ __forceinline__ unsigned mapa(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(unsigned remote_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Global -> this block's shared memory, completing `bytes` on `bar`.
+__device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// Global -> the same offset in the shared memory of every block of `mask`, completing `bytes` on each one's `bar`.
+__device__ __forceinline__ void bulk_g2s_mcast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                               unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+template <int NW>
+__device__ __forceinline__ void issue_unit(float (&d)[NW / 2], unsigned a, unsigned b, int acc) {
+  smla_fence_regs(d);
+  smla_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const unsigned long long da = smla_wgmma_desc(a + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024);
+    const unsigned long long db = smla_wgmma_desc(b + (kk >> 2) * (NW * 128) + (kk & 3) * 32, 16, 1024);
+    if constexpr (NW == 64)
+      smla_wgmma_m64n64k16<0, 0>(d, da, db, kk > 0 || acc);
+    else
+      smla_wgmma_m64n128k16<0, 0>(d, da, db, kk > 0 || acc);
+  }
+  smla_wgmma_commit();
+}
+
+// A finished tile's accumulator (64 rows x NW columns) as bf16 into out's rows row0.., columns col0.. (512 a row).
+template <int NW>
+__device__ __forceinline__ void store_tile(float (&d)[NW / 2], smla_bf16* out, long long row0, int col0) {
+  smla_fence_regs(d);
+  const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
+#pragma unroll
+  for (int i = 0; i < NW / 8; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const long long row = row0 + 16 * warp + lane / 4 + 8 * half;
+      const int col = col0 + 8 * i + 2 * (lane % 4);
+      *reinterpret_cast<unsigned*>(out + row * 512 + col) =
+          smla_pack_bf2_rn(d[4 * i + 2 * half], d[4 * i + 2 * half + 1]);
+    }
+}
+
+// What a consumer warpgroup's loop needs.
+struct Ctx {
+  unsigned sa, sb, full, empty;
+  int c, tw, arrivers, both, acc0;
+  smla_bf16* out;
+  long long row_base;
+  int col0;
+};
+
+// Unit n's slot back to whoever copies into it next: lane r < arrivers of the warpgroup's first warp arrives on block
+// r's empty barrier (every block of the cluster in mcast, since any of them may copy into the slot next; the own block
+// otherwise).
+__device__ __forceinline__ void release(const Ctx& x, int n) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + x.c) : "memory");  // every warp of the warpgroup is past its wait
+  const unsigned bar = x.empty + 8 * (n % kSlots);
+  if (x.tw < x.arrivers) {
+    if (x.arrivers > 1)
+      mbar_arrive_remote(mapa(bar, x.tw));
+    else
+      smla_mbar_arrive(bar);
+  }
+}
+
+// One unit into d (first: it opens its tile), waited for, its slot released. STORE: the tile before (in prev) is
+// stored while the unit runs. No wgmma stays in flight past the step or inside a branch (as in dkv_wgmma.cuh: ptxas
+// serializes every wgmma of the kernel otherwise, C7514 / C7518).
+template <int NW, bool STORE>
+__device__ __forceinline__ void consume_unit(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile, int tok,
+                                             int first, int& n) {
+  const int s = n % kSlots;
+  mbar_wait_cluster(x.full + 8 * s, (n / kSlots) & 1);
+  issue_unit<NW>(d, x.sa + s * kUnit, x.sb + (tok * 2 + x.c) * (NW * 512), first ? x.acc0 : 1);
+  if constexpr (STORE) store_tile<NW>(prev, x.out, x.row_base + (tile - 1) * 64, x.col0);
+  smla_wgmma_wait<0>();
+  smla_fence_regs(d);
+  release(x, n);
+  ++n;
+}
+// The units of one tile into d: one a token for the first `both` tiles (the rows both tokens pick), one otherwise.
+template <int NW, bool STORE>
+__device__ __forceinline__ void consume_tile(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile,
+                                             int& n) {
+  const bool two = tile < x.both;
+  consume_unit<NW, STORE>(x, d, prev, tile, two ? 0 : (tile - x.both) & 1, 1, n);
+  if (two) consume_unit<NW, false>(x, d, prev, tile, 1, 0, n);
+}
+
+// CL blocks a cluster; a group is CL blocks (a token's 2 in kTok, whose clusters are of 1, a pair's 4 otherwise).
+template <int CL, int NW>
+__global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
+                                                          int both, int mode, int acc0) {
+  extern __shared__ char smem_raw[];
+  char* base = smla_align1024(smem_raw);
+  const unsigned sb = smla_smem_addr(base), sa = sb + kBBytes, bars = sa + kSlots * kUnit;
+  const unsigned full = bars, empty = bars + 8 * kSlots, bfull = bars + 16 * kSlots;
+  constexpr int kPer = CL == 1 ? 2 : CL;  // blocks a group
+  const int group = blockIdx.x / kPer, part = blockIdx.x % kPer;
+  const unsigned rank = CL == 1 ? 0u : cg::this_cluster().block_rank();
+  const int units = tiles + both;
+  const bool mcast = mode == kMcast;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kSlots; ++s) {
+      smla_mbar_init(full + 8 * s, 1);
+      smla_mbar_init(empty + 8 * s, mcast ? 2 * CL : 2);
+    }
+    smla_mbar_init(bfull, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if constexpr (CL > 1)
+    cg::this_cluster().sync();  // every block's barriers are initialised before any remote arrival or copy
+  else
+    __syncthreads();
+  const char* a_group = A + (long long)group * units * kUnit;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(bfull, kBBytes);
+      for (int c = 0; c < 4; ++c)
+        bulk_g2s(sb + c * (kBBytes / 4), B + (long long)blockIdx.x * kBBytes + c * (kBBytes / 4), kBBytes / 4, bfull);
+      for (int n = 0; n < units; ++n) {
+        const int s = n % kSlots;
+        if (n >= kSlots) mbar_wait_cluster(empty + 8 * s, (n / kSlots - 1) & 1);
+        const char* src = a_group + (long long)n * kUnit;
+        if (mode == kNoA) {
+          smla_mbar_arrive(full + 8 * s);
+        } else if (mcast) {
+          mbar_expect_tx(full + 8 * s, kUnit);  // the CL quarters land here, one from each block
+          bulk_g2s_mcast(sa + s * kUnit + rank * (kUnit / CL), src + rank * (kUnit / CL), kUnit / CL, full + 8 * s,
+                         (unsigned short)((1u << CL) - 1));
+        } else {
+          mbar_expect_tx(full + 8 * s, kUnit);
+          bulk_g2s(sa + s * kUnit, src, kUnit, full + 8 * s);
+        }
+      }
+    }
+  } else {
+    const int c = wg - 1, tw = threadIdx.x % 128;
+    float d0[NW / 2], d1[NW / 2];
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) d0[i] = d1[i] = 0.f;
+    const long long row_base = (long long)group * tiles * 64;
+    const int col0 = part * (2 * NW) + c * NW;
+    mbar_wait_cluster(bfull, 0);
+    const Ctx ctx{sa, sb, full, empty, c, tw, mcast ? CL : 1, both, acc0, out, row_base, col0};
+    int n = 0;
+    consume_tile<NW, false>(ctx, d0, d1, 0, n);
+    for (int tile = 1;; tile += 2) {  // odd tiles into d1, even ones into d0: each accumulator in fixed registers
+      if (tile >= tiles) break;
+      consume_tile<NW, true>(ctx, d1, d0, tile, n);
+      if (tile + 1 >= tiles) break;
+      consume_tile<NW, true>(ctx, d0, d1, tile + 1, n);
+    }
+    if ((tiles - 1) & 1)
+      store_tile<NW>(d1, out, row_base + (tiles - 1) * 64, col0);
+    else
+      store_tile<NW>(d0, out, row_base + (tiles - 1) * 64, col0);
+  }
+  if constexpr (CL > 1) cg::this_cluster().sync();  // no block leaves while another may still copy or arrive into it
+}
+
+__global__ void fill(unsigned* p, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    unsigned x = (unsigned)i * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    // two bf16 in [-1, 1): sign, exponent 119..126, random mantissa
+    const unsigned lo = ((x & 1u) << 15) | ((119u + ((x >> 1) & 7u)) << 7) | ((x >> 4) & 0x7fu);
+    const unsigned hi = (((x >> 11) & 1u) << 15) | ((119u + ((x >> 12) & 7u)) << 7) | ((x >> 15) & 0x7fu);
+    p[i] = lo | (hi << 16);
+  }
+}
+
+template <int CL, int NW>
+float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, int tiles, int both) {
+  auto k = dkv_kernel<CL, NW>;
+  CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  auto launch = [&] { CHECK(cudaLaunchKernelEx(&cfg, k, A, B, out, tiles, both, mode, 0)); };
+  launch();
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  return median_ms(launch, 9, 2);
+}
+
+int main(int argc, char** argv) {
+  const int T = argc > 1 ? atoi(argv[1]) : 4096;
+  const int tok_tiles = argc > 2 ? atoi(argv[2]) : 7;
+  const int pair_tiles = argc > 3 ? atoi(argv[3]) : 9;
+  const int pair_both = argc > 4 ? atoi(argv[4]) : 6;
+  if (T < 2 || T % 2 || tok_tiles < 1 || pair_tiles < 1 || pair_both < 0 || pair_both > pair_tiles) {
+    fprintf(stderr, "usage: union_dkv [T (even) TOK_TILES PAIR_TILES PAIR_BOTH (<= PAIR_TILES)]\n");
+    return 2;
+  }
+  const int pairs = T / 2, pair_units = pair_tiles + pair_both;
+  const long long a_bytes = std::max((long long)T * tok_tiles, (long long)pairs * pair_units) * kUnit;
+  const long long b_bytes = (long long)T * 2 * kBBytes;  // 2 blocks a token or 4 a pair: T * 2 blocks either way
+  const long long out_rows = std::max((long long)T * tok_tiles, (long long)pairs * pair_tiles) * 64;
+  char *A, *B;
+  smla_bf16* out;
+  CHECK(cudaMalloc(&A, a_bytes));
+  CHECK(cudaMalloc(&B, b_bytes));
+  CHECK(cudaMalloc(&out, out_rows * 512 * 2));
+  fill<<<1024, 256>>>(reinterpret_cast<unsigned*>(A), a_bytes / 4, 1u);
+  fill<<<1024, 256>>>(reinterpret_cast<unsigned*>(B), b_bytes / 4, 2u);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  // Useful work: today's tiles (one a token's 64 slot rows) x 64 x 512 x 256 multiply-adds.
+  const double tok_flop = 2.0 * T * tok_tiles * 64 * 512 * 256;
+  printf("T %d: today %d tiles a token; the pair %d tiles, %d with both tokens (%d units); A tile 32 KB, B 128 KB a "
+         "block, %d B of shared memory\n",
+         T, tok_tiles, pair_tiles, pair_both, pair_units, kSmem);
+  printf("%-6s %8s %10s %10s %10s %12s\n", "mode", "ms", "A L2 GB", "B GB", "out GB", "TFLOP/s*");
+  for (int mode = kTok; mode <= kNoA; ++mode) {
+    float ms;
+    double a_l2, outb;
+    if (mode == kTok) {
+      ms = run<1, 128>(mode, T * 2, A, B, out, tok_tiles, 0);
+      a_l2 = 2.0 * T * tok_tiles * kUnit;
+      outb = (double)T * tok_tiles * 64 * 1024;
+    } else {
+      ms = run<4, 64>(mode, pairs * 4, A, B, out, pair_tiles, pair_both);
+      a_l2 = (mode == kMcast ? 1.0 : mode == kSelf ? 4.0 : 0.0) * pairs * pair_units * kUnit;
+      outb = (double)pairs * pair_tiles * 64 * 1024;
+    }
+    printf("%-6s %8.3f %10.2f %10.2f %10.2f %12.1f\n", kModeName[mode], ms, a_l2 / 1e9, b_bytes / 1e9, outb / 1e9,
+           tok_flop / ms / 1e9);
+  }
+  printf("(*: today's multiply-adds over each mode's time, so the column compares times; A L2 GB: the A bytes the "
+         "blocks take from L2)\n");
+  CHECK(cudaFree(A));
+  CHECK(cudaFree(B));
+  CHECK(cudaFree(out));
+  return 0;
+}
