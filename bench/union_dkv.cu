@@ -14,15 +14,16 @@
 // the pair (rows both tokens pick), the rest one (rows one token picks). After a tile's last unit its accumulator goes
 // to global memory as bf16 (the interm rows). Data are random; no result is checked (the products' layouts are the
 // real ones, the values are not), but every accumulator is stored, so none is dead code.
-// Block: warpgroup 0 is the producer (one thread: bulk copies on mbarriers), warpgroups 1 and 2 the consumers (NW
-// columns each). Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
+// Block: warpgroups 0 and 1 are the consumers (NW columns each), warp 8 the producer (one thread: bulk copies on
+// mbarriers). Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
 //   tok      today's shape: clusters of 1, a block = (token, 256 columns), NW 128, each block copies whole A tiles
 //   mcast    clusters of 4, a block = (pair, 128 columns), NW 64, each block copies a quarter of each A tile to all four
 //   self     the same blocks without the multicast: each copies whole A tiles (4 L2 reads of each)
 //   noa      the same blocks, no A copies at all (the consumers read stale slots): the tensor pipe and the stores alone
 // Standalone (not part of the library or its tests; ctest Bench.UnionDkvBuildsForSm90a builds it):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o union_dkv bench/union_dkv.cu
-//   ./union_dkv [T TOK_TILES PAIR_TILES PAIR_BOTH]   (default 4096 7 9 6: the seed's averages, union_sim.py B 2)
+//   ./union_dkv [T TOK_TILES GROUP_TILES GROUP_ALL NTOK]   (default 4096 7 9 6 2: the seed's averages, union_sim.py B 2)
+// NTOK 4: groups of four tokens as clusters of eight blocks of 64 columns (NW 32; B is four tokens' 64 columns).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include "cuda_check.cuh"
@@ -38,7 +39,7 @@ namespace cg = cooperative_groups;
 constexpr int kK = 256;               // 2H at H 128
 constexpr int kUnit = 64 * kK * 2;    // one A tile: 64 rows x 256 K, bf16, four 8 KB K chunks (128-byte swizzle)
 constexpr int kSlots = 3;
-constexpr int kThreads = 384;
+constexpr int kThreads = 288;  // warpgroups 0 and 1 consume, warp 8 produces
 constexpr int kBBytes = 128 * 1024;   // a block's B
 constexpr int kSmem = kBBytes + kSlots * kUnit + 64 + 1024;  // + barriers, + the base's alignment
 enum Mode { kTok = 0, kMcast = 1, kSelf = 2, kNoA = 3 };
@@ -89,7 +90,9 @@ __device__ __forceinline__ void issue_unit(float (&d)[NW / 2], unsigned a, unsig
   for (int kk = 0; kk < 16; ++kk) {
     const unsigned long long da = smla_wgmma_desc(a + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024);
     const unsigned long long db = smla_wgmma_desc(b + (kk >> 2) * (NW * 128) + (kk & 3) * 32, 16, 1024);
-    if constexpr (NW == 64)
+    if constexpr (NW == 32)
+      smla_wgmma_m64n32k16<0, 0>(d, da, db, kk > 0 || acc);
+    else if constexpr (NW == 64)
       smla_wgmma_m64n64k16<0, 0>(d, da, db, kk > 0 || acc);
     else
       smla_wgmma_m64n128k16<0, 0>(d, da, db, kk > 0 || acc);
@@ -151,18 +154,22 @@ __device__ __forceinline__ void consume_unit(const Ctx& x, float (&d)[NW / 2], f
   release(x, n);
   ++n;
 }
-// The units of one tile into d: one a token for the first `both` tiles (the rows both tokens pick), one otherwise.
-template <int NW, bool STORE>
+// The units of one tile into d: one a token for the first `both` tiles (rows every token of the group picks), one
+// otherwise (the tokens in turn).
+template <int NW, int NTOK, bool STORE>
 __device__ __forceinline__ void consume_tile(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile,
                                              int& n) {
-  const bool two = tile < x.both;
-  consume_unit<NW, STORE>(x, d, prev, tile, two ? 0 : (tile - x.both) & 1, 1, n);
-  if (two) consume_unit<NW, false>(x, d, prev, tile, 1, 0, n);
+  const bool all = tile < x.both;
+  consume_unit<NW, STORE>(x, d, prev, tile, all ? 0 : (tile - x.both) % NTOK, 1, n);
+  if (all)
+    for (int tok = 1; tok < NTOK; ++tok) consume_unit<NW, false>(x, d, prev, tile, tok, 0, n);
 }
 
-// CL blocks a cluster; a group is CL blocks (a token's 2 in kTok, whose clusters are of 1, a pair's 4 otherwise).
-template <int CL, int NW>
-__global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
+// CL blocks a cluster, NTOK tokens a group; a group is CL blocks (a token's 2 in kTok, whose clusters are of 1; a
+// pair's 4 or a quad's 8 otherwise), each of 2 NW columns.
+template <int CL, int NW, int NTOK>
+// __maxnreg__, not __launch_bounds__(288, 1): under the latter ptxas held the NW 128 kernel at 168 registers and spilled.
+__global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
                                                           int both, int mode, int acc0) {
   extern __shared__ char smem_raw[];
   char* base = smla_align1024(smem_raw);
@@ -171,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
   constexpr int kPer = CL == 1 ? 2 : CL;  // blocks a group
   const int group = blockIdx.x / kPer, part = blockIdx.x % kPer;
   const unsigned rank = CL == 1 ? 0u : cg::this_cluster().block_rank();
-  const int units = tiles + both;
+  const int units = tiles + (NTOK - 1) * both;
   const bool mcast = mode == kMcast;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSlots; ++s) {
@@ -186,9 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
   else
     __syncthreads();
   const char* a_group = A + (long long)group * units * kUnit;
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    if (threadIdx.x == 0) {
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256) {
       mbar_expect_tx(bfull, kBBytes);
       for (int c = 0; c < 4; ++c)
         bulk_g2s(sb + c * (kBBytes / 4), B + (long long)blockIdx.x * kBBytes + c * (kBBytes / 4), kBBytes / 4, bfull);
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
       }
     }
   } else {
-    const int c = wg - 1, tw = threadIdx.x % 128;
+    const int c = threadIdx.x / 128, tw = threadIdx.x % 128;
     float d0[NW / 2], d1[NW / 2];
 #pragma unroll
     for (int i = 0; i < NW / 2; ++i) d0[i] = d1[i] = 0.f;
@@ -218,12 +224,12 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
     mbar_wait_cluster(bfull, 0);
     const Ctx ctx{sa, sb, full, empty, c, tw, mcast ? CL : 1, both, acc0, out, row_base, col0};
     int n = 0;
-    consume_tile<NW, false>(ctx, d0, d1, 0, n);
+    consume_tile<NW, NTOK, false>(ctx, d0, d1, 0, n);
     for (int tile = 1;; tile += 2) {  // odd tiles into d1, even ones into d0: each accumulator in fixed registers
       if (tile >= tiles) break;
-      consume_tile<NW, true>(ctx, d1, d0, tile, n);
+      consume_tile<NW, NTOK, true>(ctx, d1, d0, tile, n);
       if (tile + 1 >= tiles) break;
-      consume_tile<NW, true>(ctx, d0, d1, tile + 1, n);
+      consume_tile<NW, NTOK, true>(ctx, d0, d1, tile + 1, n);
     }
     if ((tiles - 1) & 1)
       store_tile<NW>(d1, out, row_base + (tiles - 1) * 64, col0);
@@ -246,9 +252,9 @@ __global__ void fill(unsigned* p, long long n, unsigned seed) {
   }
 }
 
-template <int CL, int NW>
+template <int CL, int NW, int NTOK>
 float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, int tiles, int both) {
-  auto k = dkv_kernel<CL, NW>;
+  auto k = dkv_kernel<CL, NW, NTOK>;
   CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
@@ -271,16 +277,19 @@ float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, in
 int main(int argc, char** argv) {
   const int T = argc > 1 ? atoi(argv[1]) : 4096;
   const int tok_tiles = argc > 2 ? atoi(argv[2]) : 7;
-  const int pair_tiles = argc > 3 ? atoi(argv[3]) : 9;
-  const int pair_both = argc > 4 ? atoi(argv[4]) : 6;
-  if (T < 2 || T % 2 || tok_tiles < 1 || pair_tiles < 1 || pair_both < 0 || pair_both > pair_tiles) {
-    fprintf(stderr, "usage: union_dkv [T (even) TOK_TILES PAIR_TILES PAIR_BOTH (<= PAIR_TILES)]\n");
+  const int grp_tiles = argc > 3 ? atoi(argv[3]) : 9;
+  const int grp_all = argc > 4 ? atoi(argv[4]) : 6;
+  const int ntok = argc > 5 ? atoi(argv[5]) : 2;
+  if (T < 4 || T % 4 || tok_tiles < 1 || grp_tiles < 1 || grp_all < 0 || grp_all > grp_tiles ||
+      (ntok != 2 && ntok != 4)) {
+    fprintf(stderr, "usage: union_dkv [T (a multiple of 4) TOK_TILES GROUP_TILES GROUP_ALL (<= GROUP_TILES) "
+                    "NTOK (2 or 4)]\n");
     return 2;
   }
-  const int pairs = T / 2, pair_units = pair_tiles + pair_both;
-  const long long a_bytes = std::max((long long)T * tok_tiles, (long long)pairs * pair_units) * kUnit;
-  const long long b_bytes = (long long)T * 2 * kBBytes;  // 2 blocks a token or 4 a pair: T * 2 blocks either way
-  const long long out_rows = std::max((long long)T * tok_tiles, (long long)pairs * pair_tiles) * 64;
+  const int groups = T / ntok, grp_units = grp_tiles + (ntok - 1) * grp_all, cl = 2 * ntok;
+  const long long a_bytes = std::max((long long)T * tok_tiles, (long long)groups * grp_units) * kUnit;
+  const long long b_bytes = (long long)T * 2 * kBBytes;  // 2 blocks a token, 4 a pair, 8 a quad: 2 T blocks in all
+  const long long out_rows = std::max((long long)T * tok_tiles, (long long)groups * grp_tiles) * 64;
   char *A, *B;
   smla_bf16* out;
   CHECK(cudaMalloc(&A, a_bytes));
@@ -292,21 +301,22 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceSynchronize());
   // Useful work: today's tiles (one a token's 64 slot rows) x 64 x 512 x 256 multiply-adds.
   const double tok_flop = 2.0 * T * tok_tiles * 64 * 512 * 256;
-  printf("T %d: today %d tiles a token; the pair %d tiles, %d with both tokens (%d units); A tile 32 KB, B 128 KB a "
-         "block, %d B of shared memory\n",
-         T, tok_tiles, pair_tiles, pair_both, pair_units, kSmem);
+  printf("T %d: today %d tiles a token; groups of %d tokens (clusters of %d, %d columns a block): %d tiles, %d of them "
+         "with every token (%d units); A tile 32 KB, B 128 KB a block, %d B of shared memory\n",
+         T, tok_tiles, ntok, cl, 512 / cl, grp_tiles, grp_all, grp_units, kSmem);
   printf("%-6s %8s %10s %10s %10s %12s\n", "mode", "ms", "A L2 GB", "B GB", "out GB", "TFLOP/s*");
   for (int mode = kTok; mode <= kNoA; ++mode) {
     float ms;
     double a_l2, outb;
     if (mode == kTok) {
-      ms = run<1, 128>(mode, T * 2, A, B, out, tok_tiles, 0);
+      ms = run<1, 128, 1>(mode, T * 2, A, B, out, tok_tiles, 0);
       a_l2 = 2.0 * T * tok_tiles * kUnit;
       outb = (double)T * tok_tiles * 64 * 1024;
     } else {
-      ms = run<4, 64>(mode, pairs * 4, A, B, out, pair_tiles, pair_both);
-      a_l2 = (mode == kMcast ? 1.0 : mode == kSelf ? 4.0 : 0.0) * pairs * pair_units * kUnit;
-      outb = (double)pairs * pair_tiles * 64 * 1024;
+      ms = ntok == 2 ? run<4, 64, 2>(mode, groups * cl, A, B, out, grp_tiles, grp_all)
+                     : run<8, 32, 4>(mode, groups * cl, A, B, out, grp_tiles, grp_all);
+      a_l2 = (mode == kMcast ? 1.0 : mode == kSelf ? cl : 0.0) * groups * grp_units * kUnit;
+      outb = (double)groups * grp_tiles * 64 * 1024;
     }
     printf("%-6s %8.3f %10.2f %10.2f %10.2f %12.1f\n", kModeName[mode], ms, a_l2 / 1e9, b_bytes / 1e9, outb / 1e9,
            tok_flop / ms / 1e9);
