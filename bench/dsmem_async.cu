@@ -37,6 +37,7 @@
 #include "common.cuh"  // smla_smem_addr
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // smla_mbar_init
+#include "cluster_sync.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -52,32 +53,11 @@ constexpr int kSmem = kOps + 32 * 1024 + kRecv + kStage + kBars + 1024;  // + 10
 enum Mode { kMma = 0, kXchg = 1, kSerial = 2, kPipe = 3, kBulk = 4, kBPipe = 5, kBLate = 6 };
 const char* const kModeName[] = {"mma", "xchg", "serial", "pipe", "bulk", "bpipe", "blate"};
 
-__device__ __forceinline__ unsigned mapa(unsigned addr, unsigned rank) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
 __device__ __forceinline__ void st_async16(unsigned remote, const float (&v)[4], unsigned remote_bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(remote),
                "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
                "r"(__float_as_uint(v[3])), "r"(remote_bar)
                : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_remote(unsigned remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 // 16 k-steps of m64n64k16: this warpgroup's A (64 x 256) against B (64 x 256), both K-major, 128-byte swizzle.

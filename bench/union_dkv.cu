@@ -33,6 +33,7 @@
 #include "common.cuh"  // smla_smem_addr
 #include "wgmma.cuh"
 #include "sm90_sync.cuh"  // smla_mbar_init
+#include "cluster_sync.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -45,27 +46,6 @@ constexpr int kSmem = kBBytes + kSlots * kUnit + 64 + 1024;  // + barriers, + th
 enum Mode { kTok = 0, kMcast = 1, kSelf = 2, kNoA = 3 };
 const char* const kModeName[] = {"tok", "mcast", "self", "noa"};
 
-__device__ __forceinline__ unsigned mapa(unsigned addr, unsigned rank) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_remote(unsigned remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // Global -> this block's shared memory, completing `bytes` on `bar`.
 __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
