@@ -14,8 +14,8 @@
 // the pair (rows both tokens pick), the rest one (rows one token picks). After a tile's last unit its accumulator goes
 // to global memory as bf16 (the interm rows). Data are random; no result is checked (the products' layouts are the
 // real ones, the values are not), but every accumulator is stored, so none is dead code.
-// Block: warpgroups 0 and 1 are the consumers (NW columns each), warp 8 the producer (one thread: bulk copies on
-// mbarriers). Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
+// Block: warpgroups 0 and 1 are the consumers (NW columns each, 232 registers by setmaxnreg), warpgroup 2 the producer
+// (40 registers; one thread issues bulk copies on mbarriers), as dkv_impl 3 splits its block. Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
 //   tok      today's shape: clusters of 1, a block = (token, 256 columns), NW 128, each block copies whole A tiles
 //   mcast    clusters of 4, a block = (pair, 128 columns), NW 64, each block copies a quarter of each A tile to all four
 //   self     the same blocks without the multicast: each copies whole A tiles (4 L2 reads of each)
@@ -40,9 +40,9 @@ namespace cg = cooperative_groups;
 constexpr int kK = 256;               // 2H at H 128
 constexpr int kUnit = 64 * kK * 2;    // one A tile: 64 rows x 256 K, bf16, four 8 KB K chunks (128-byte swizzle)
 constexpr int kSlots = 3;
-constexpr int kThreads = 288;  // warpgroups 0 and 1 consume, warp 8 produces
+constexpr int kThreads = 384;  // warpgroups 0 and 1 consume, warpgroup 2 produces (one thread of it)
 constexpr int kBBytes = 128 * 1024;   // a block's B
-constexpr int kSmem = kBBytes + kSlots * kUnit + 64 + 1024;  // + barriers, + the base's alignment
+constexpr int kSmem = kBBytes + kSlots * kUnit + 128 + 1024;  // + barriers, + the base's alignment
 enum Mode { kTok = 0, kMcast = 1, kSelf = 2, kNoA = 3 };
 const char* const kModeName[] = {"tok", "mcast", "self", "noa"};
 
@@ -62,12 +62,15 @@ __device__ __forceinline__ void bulk_g2s_mcast(unsigned dst, const void* src, un
       : "memory");
 }
 
-template <int NW>
-__device__ __forceinline__ void issue_unit(float (&d)[NW / 2], unsigned a, unsigned b, int acc) {
+// One unit's 16 k-steps into d. FIRSTB: the block's first unit waits for B quarter by quarter (K chunk q of every B
+// slice lands on bq + 8 q), so that its MMA starts on the first quarter as dkv_wgmma.cuh's does.
+template <int NW, bool FIRSTB>
+__device__ __forceinline__ void issue_unit(float (&d)[NW / 2], unsigned a, unsigned b, int acc, unsigned bq) {
   smla_fence_regs(d);
   smla_wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 16; ++kk) {
+    if (FIRSTB && (kk & 3) == 0) mbar_wait_cluster(bq + 8 * (kk >> 2), 0);
     const unsigned long long da = smla_wgmma_desc(a + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024);
     const unsigned long long db = smla_wgmma_desc(b + (kk >> 2) * (NW * 128) + (kk & 3) * 32, 16, 1024);
     if constexpr (NW == 32)
@@ -80,25 +83,36 @@ __device__ __forceinline__ void issue_unit(float (&d)[NW / 2], unsigned a, unsig
   smla_wgmma_commit();
 }
 
-// A finished tile's accumulator (64 rows x NW columns) as bf16 into out's rows row0.., columns col0.. (512 a row).
+// A finished tile's accumulator (64 rows x NW columns) as bf16 into out's rows row0.., columns col0.. (512 a row), as
+// dkv_wgmma.cuh's epilogue does it: the fragments into the warpgroup's staging half `so` (64-column chunks of 64 rows x
+// 128 B, 128-byte swizzle) of the tile's last A slot, then 16-byte coalesced stores.
 template <int NW>
-__device__ __forceinline__ void store_tile(float (&d)[NW / 2], smla_bf16* out, long long row0, int col0) {
+__device__ __forceinline__ void store_tile(float (&d)[NW / 2], char* so, int c, smla_bf16* out, long long row0,
+                                           int col0) {
   smla_fence_regs(d);
   const int tw = threadIdx.x % 128, warp = tw / 32, lane = tw % 32;
 #pragma unroll
   for (int i = 0; i < NW / 8; ++i)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const long long row = row0 + 16 * warp + lane / 4 + 8 * half;
-      const int col = col0 + 8 * i + 2 * (lane % 4);
-      *reinterpret_cast<unsigned*>(out + row * 512 + col) =
+      const int row = 16 * warp + lane / 4 + 8 * half;
+      *reinterpret_cast<unsigned*>(so + (i >> 3) * 8192 + smla_swz128(row, (i & 7) * 8 + 2 * (lane % 4))) =
           smla_pack_bf2_rn(d[4 * i + 2 * half], d[4 * i + 2 * half + 1]);
     }
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + c) : "memory");  // the warpgroup's staging half is written
+  constexpr int kPieces = NW / 8, kRows = 128 / kPieces;  // 16-byte pieces a row; rows a pass
+  const int pc = tw % kPieces, r0 = tw / kPieces;
+#pragma unroll
+  for (int r = r0; r < 64; r += kRows) {
+    const uint4 v = *reinterpret_cast<const uint4*>(so + (pc >> 3) * 8192 + r * 128 + smla_swz128_piece(r, pc));
+    *reinterpret_cast<uint4*>(out + (row0 + r) * 512 + col0 + pc * 8) = v;
+  }
 }
 
 // What a consumer warpgroup's loop needs.
 struct Ctx {
-  unsigned sa, sb, full, empty;
+  unsigned sa, sb, full, empty, bq;
+  char* slots;  // the A slots, generic address (the staging halves)
   int c, tw, arrivers, both, acc0;
   smla_bf16* out;
   long long row_base;
@@ -119,19 +133,32 @@ __device__ __forceinline__ void release(const Ctx& x, int n) {
   }
 }
 
-// One unit into d (first: it opens its tile), waited for, its slot released. STORE: the tile before (in prev) is
-// stored while the unit runs. No wgmma stays in flight past the step or inside a branch (as in dkv_wgmma.cuh: ptxas
-// serializes every wgmma of the kernel otherwise, C7514 / C7518).
-template <int NW, bool STORE>
+// A closed tile (in acc, its last unit n's slot not yet released) staged in that slot and stored, then the slot
+// released. Both warpgroups' MMAs of the slot are done first (barrier 3 over the 256 consumer threads), and both have
+// read their staging halves back before the slot goes back.
+template <int NW>
+__device__ __forceinline__ void finish(const Ctx& x, float (&acc)[NW / 2], int tile, int n) {
+  constexpr int kHalf = (NW < 64 ? 64 : NW) * 128;  // a warpgroup's staging half
+  asm volatile("bar.sync 3, 256;" ::: "memory");
+  store_tile<NW>(acc, x.slots + (n % kSlots) * kUnit + x.c * kHalf, x.c, x.out, x.row_base + tile * 64, x.col0);
+  asm volatile("bar.sync 3, 256;" ::: "memory");
+  release(x, n);
+}
+
+// One unit into d (first: it opens its tile), waited for; its slot released unless it closes its tile (that slot then
+// stages the tile's store, in the next unit's step or at the end). STORE: the tile before (in prev, closed by unit
+// n - 1) is finished while this unit runs. No wgmma stays in flight past the step or inside a branch (as in
+// dkv_wgmma.cuh: ptxas serializes every wgmma of the kernel otherwise, C7514 / C7518).
+template <int NW, bool STORE, bool FIRSTB = false>
 __device__ __forceinline__ void consume_unit(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile, int tok,
-                                             int first, int& n) {
+                                             int first, int closes, int& n) {
   const int s = n % kSlots;
   mbar_wait_cluster(x.full + 8 * s, (n / kSlots) & 1);
-  issue_unit<NW>(d, x.sa + s * kUnit, x.sb + (tok * 2 + x.c) * (NW * 512), first ? x.acc0 : 1);
-  if constexpr (STORE) store_tile<NW>(prev, x.out, x.row_base + (tile - 1) * 64, x.col0);
+  issue_unit<NW, FIRSTB>(d, x.sa + s * kUnit, x.sb + (tok * 2 + x.c) * (NW * 512), first ? x.acc0 : 1, x.bq);
+  if constexpr (STORE) finish<NW>(x, prev, tile - 1, n - 1);
   smla_wgmma_wait<0>();
   smla_fence_regs(d);
-  release(x, n);
+  if (!closes) release(x, n);
   ++n;
 }
 // The units of one tile into d: one a token for the first `both` tiles (rows every token of the group picks), one
@@ -140,21 +167,24 @@ template <int NW, int NTOK, bool STORE>
 __device__ __forceinline__ void consume_tile(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile,
                                              int& n) {
   const bool all = tile < x.both;
-  consume_unit<NW, STORE>(x, d, prev, tile, all ? 0 : (tile - x.both) % NTOK, 1, n);
+  consume_unit<NW, STORE, !STORE>(x, d, prev, tile, all ? 0 : (tile - x.both) % NTOK, 1, !all, n);  // tile 0: B
   if (all)
-    for (int tok = 1; tok < NTOK; ++tok) consume_unit<NW, false>(x, d, prev, tile, tok, 0, n);
+    for (int tok = 1; tok < NTOK; ++tok) consume_unit<NW, false>(x, d, prev, tile, tok, 0, tok == NTOK - 1, n);
 }
+
+// (c87's first form had a producer warp, 288 threads: registers are allocated by four warps, so it got 168 as if 384
+// threads and spilled, and under __maxnreg__(224) the runtime refused the launch, "too many resources requested".)
+static_assert(smla_setmaxnreg_fits(2, 232, 40), "union_dkv: the register split exceeds the block's pool");
 
 // CL blocks a cluster, NTOK tokens a group; a group is CL blocks (a token's 2 in kTok, whose clusters are of 1; a
 // pair's 4 or a quad's 8 otherwise), each of 2 NW columns.
 template <int CL, int NW, int NTOK>
-// __maxnreg__, not __launch_bounds__(288, 1): under the latter ptxas held the NW 128 kernel at 168 registers and spilled.
-__global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
+__global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
                                                           int both, int mode, int acc0) {
   extern __shared__ char smem_raw[];
   char* base = smla_align1024(smem_raw);
   const unsigned sb = smla_smem_addr(base), sa = sb + kBBytes, bars = sa + kSlots * kUnit;
-  const unsigned full = bars, empty = bars + 8 * kSlots, bfull = bars + 16 * kSlots;
+  const unsigned full = bars, empty = bars + 8 * kSlots, bq = bars + 16 * kSlots;  // bq: B's four quarters
   constexpr int kPer = CL == 1 ? 2 : CL;  // blocks a group
   const int group = blockIdx.x / kPer, part = blockIdx.x % kPer;
   const unsigned rank = CL == 1 ? 0u : cg::this_cluster().block_rank();
@@ -165,7 +195,7 @@ __global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_b
       smla_mbar_init(full + 8 * s, 1);
       smla_mbar_init(empty + 8 * s, mcast ? 2 * CL : 2);
     }
-    smla_mbar_init(bfull, 1);
+    for (int q = 0; q < 4; ++q) smla_mbar_init(bq + 8 * q, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if constexpr (CL > 1)
@@ -174,11 +204,21 @@ __global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_b
     __syncthreads();
   const char* a_group = A + (long long)group * units * kUnit;
   if (threadIdx.x >= 256) {
+    smla_setmaxnreg_dec<40>();
     if (threadIdx.x == 256) {
-      mbar_expect_tx(bfull, kBBytes);
-      for (int c = 0; c < 4; ++c)
-        bulk_g2s(sb + c * (kBBytes / 4), B + (long long)blockIdx.x * kBBytes + c * (kBBytes / 4), kBBytes / 4, bfull);
+      // B quarter q = K chunk q of every B slice (NTOK tokens x 2 warpgroups, NW * 512 bytes each), on bq + 8 q. The
+      // order of dkv_wgmma.cuh: B's first quarter and A's first tile, then the rest of B, then the other tiles.
+      const char* b_block = B + (long long)blockIdx.x * kBBytes;
+      auto b_quarter = [&](int q) {
+        mbar_expect_tx(bq + 8 * q, kBBytes / 4);
+        for (int sl = 0; sl < NTOK * 2; ++sl)
+          bulk_g2s(sb + sl * (NW * 512) + q * (NW * 128), b_block + sl * (NW * 512) + q * (NW * 128), NW * 128,
+                   bq + 8 * q);
+      };
+      b_quarter(0);
       for (int n = 0; n < units; ++n) {
+        if (n == 1)
+          for (int q = 1; q < 4; ++q) b_quarter(q);
         const int s = n % kSlots;
         if (n >= kSlots) mbar_wait_cluster(empty + 8 * s, (n / kSlots - 1) & 1);
         const char* src = a_group + (long long)n * kUnit;
@@ -195,14 +235,14 @@ __global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_b
       }
     }
   } else {
+    smla_setmaxnreg_inc<232>();
     const int c = threadIdx.x / 128, tw = threadIdx.x % 128;
     float d0[NW / 2], d1[NW / 2];
 #pragma unroll
     for (int i = 0; i < NW / 2; ++i) d0[i] = d1[i] = 0.f;
     const long long row_base = (long long)group * tiles * 64;
     const int col0 = part * (2 * NW) + c * NW;
-    mbar_wait_cluster(bfull, 0);
-    const Ctx ctx{sa, sb, full, empty, c, tw, mcast ? CL : 1, both, acc0, out, row_base, col0};
+    const Ctx ctx{sa, sb, full, empty, bq, base + kBBytes, c, tw, mcast ? CL : 1, both, acc0, out, row_base, col0};
     int n = 0;
     consume_tile<NW, NTOK, false>(ctx, d0, d1, 0, n);
     for (int tile = 1;; tile += 2) {  // odd tiles into d1, even ones into d0: each accumulator in fixed registers
@@ -212,9 +252,9 @@ __global__ void __maxnreg__(224) dkv_kernel(const char* A, const char* B, smla_b
       consume_tile<NW, NTOK, true>(ctx, d0, d1, tile + 1, n);
     }
     if ((tiles - 1) & 1)
-      store_tile<NW>(d1, out, row_base + (tiles - 1) * 64, col0);
+      finish<NW>(ctx, d1, tiles - 1, n - 1);
     else
-      store_tile<NW>(d0, out, row_base + (tiles - 1) * 64, col0);
+      finish<NW>(ctx, d0, tiles - 1, n - 1);
   }
   if constexpr (CL > 1) cg::this_cluster().sync();  // no block leaves while another may still copy or arrive into it
 }
