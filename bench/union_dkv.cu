@@ -10,15 +10,20 @@
 // A tile from L2 once. What this times is whether such a cluster keeps its tensor pipe fed.
 //
 // A unit = one 64-row tile of one token: 16 wgmma k-steps (K = 2H = 256) a warpgroup into the tile's accumulator. A
-// group (a token today, a pair in the union) runs `tiles` tiles; the first `both` tiles have a unit for each token of
-// the pair (rows both tokens pick), the rest one (rows one token picks). After a tile's last unit its accumulator goes
-// to global memory as bf16 (the interm rows). Data are random; no result is checked (the products' layouts are the
-// real ones, the values are not), but every accumulator is stored, so none is dead code.
-// Block: warpgroups 0 and 1 are the consumers (NW columns each, 232 registers by setmaxnreg), warpgroup 2 the producer
-// (40 registers; one thread issues bulk copies on mbarriers), as dkv_impl 3 splits its block. Shared memory: B (128 KB, loaded once), three A slots of 32 KB.
+// group (a token today, NTOK tokens in the union) runs `tiles` tiles; the first GROUP_ALL tiles have a unit for each
+// token (rows every token picks), the rest one (rows one token picks). After a tile's last unit its accumulator goes to
+// global memory as bf16 (the interm rows). Data are random; no result is checked (the products' layouts are the real
+// ones, the values are not), but every accumulator is stored, so none is dead code.
+// What it copies from dkv_wgmma.cuh (c87's first form did not, and ran today's shape 2x slower than the real kernel):
+// B's first quarter and A's first tile are copied first, and the first tile's MMA runs quarter by quarter as B lands;
+// a closed tile is staged as bf16 in its own last A slot and stored 16 bytes a thread, and that slot goes back only
+// then. Block: warpgroups 0 and 1 are the consumers (NW columns each, 232 registers by setmaxnreg), warpgroup 2 the
+// producer (40 registers; one thread issues bulk copies on mbarriers), as dkv_impl 3 splits its block. Shared memory:
+// B (128 KB), three A slots of 32 KB.
 //   tok      today's shape: clusters of 1, a block = (token, 256 columns), NW 128, each block copies whole A tiles
-//   mcast    clusters of 4, a block = (pair, 128 columns), NW 64, each block copies a quarter of each A tile to all four
-//   self     the same blocks without the multicast: each copies whole A tiles (4 L2 reads of each)
+//   mcast    clusters of 2 NTOK, a block = (group, 512 / (2 NTOK) columns), each block copies a 1 / (2 NTOK) share of
+//            each A tile to every block of the cluster
+//   self     the same blocks without the multicast: each copies whole A tiles (2 NTOK L2 reads of each)
 //   noa      the same blocks, no A copies at all (the consumers read stale slots): the tensor pipe and the stores alone
 // Standalone (not part of the library or its tests; ctest Bench.UnionDkvBuildsForSm90a builds it):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o union_dkv bench/union_dkv.cu
