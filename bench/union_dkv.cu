@@ -118,7 +118,7 @@ __device__ __forceinline__ void store_tile(float (&d)[NW / 2], char* so, int c, 
 struct Ctx {
   unsigned sa, sb, full, empty, bq;
   char* slots;  // the A slots, generic address (the staging halves)
-  int c, tw, arrivers, both, acc0;
+  int c, tw, arrivers, n_all, acc0;  // n_all: GROUP_ALL, the tiles every token has a unit in
   smla_bf16* out;
   long long row_base;
   int col0;
@@ -146,6 +146,7 @@ __device__ __forceinline__ void finish(const Ctx& x, float (&acc)[NW / 2], int t
   constexpr int kHalf = (NW < 64 ? 64 : NW) * 128;  // a warpgroup's staging half
   asm volatile("bar.sync 3, 256;" ::: "memory");
   store_tile<NW>(acc, x.slots + (n % kSlots) * kUnit + x.c * kHalf, x.c, x.out, x.row_base + tile * 64, x.col0);
+  smla_fence_proxy_async();  // the staging's generic accesses before the next bulk copy (async proxy) into the slot
   asm volatile("bar.sync 3, 256;" ::: "memory");
   release(x, n);
 }
@@ -166,13 +167,13 @@ __device__ __forceinline__ void consume_unit(const Ctx& x, float (&d)[NW / 2], f
   if (!closes) release(x, n);
   ++n;
 }
-// The units of one tile into d: one a token for the first `both` tiles (rows every token of the group picks), one
+// The units of one tile into d: one a token for the first n_all tiles (rows every token of the group picks), one
 // otherwise (the tokens in turn).
 template <int NW, int NTOK, bool STORE>
 __device__ __forceinline__ void consume_tile(const Ctx& x, float (&d)[NW / 2], float (&prev)[NW / 2], int tile,
                                              int& n) {
-  const bool all = tile < x.both;
-  consume_unit<NW, STORE, !STORE>(x, d, prev, tile, all ? 0 : (tile - x.both) % NTOK, 1, !all, n);  // tile 0: B
+  const bool all = tile < x.n_all;
+  consume_unit<NW, STORE, !STORE>(x, d, prev, tile, all ? 0 : (tile - x.n_all) % NTOK, 1, !all, n);  // tile 0: B
   if (all)
     for (int tok = 1; tok < NTOK; ++tok) consume_unit<NW, false>(x, d, prev, tile, tok, 0, tok == NTOK - 1, n);
 }
@@ -185,7 +186,7 @@ static_assert(smla_setmaxnreg_fits(2, 232, 40), "union_dkv: the register split e
 // pair's 4 or a quad's 8 otherwise), each of 2 NW columns.
 template <int CL, int NW, int NTOK>
 __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const char* B, smla_bf16* out, int tiles,
-                                                          int both, int mode, int acc0) {
+                                                          int n_all, int mode, int acc0) {
   extern __shared__ char smem_raw[];
   char* base = smla_align1024(smem_raw);
   const unsigned sb = smla_smem_addr(base), sa = sb + kBBytes, bars = sa + kSlots * kUnit;
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
   constexpr int kPer = CL == 1 ? 2 : CL;  // blocks a group
   const int group = blockIdx.x / kPer, part = blockIdx.x % kPer;
   const unsigned rank = CL == 1 ? 0u : cg::this_cluster().block_rank();
-  const int units = tiles + (NTOK - 1) * both;
+  const int units = tiles + (NTOK - 1) * n_all;
   const bool mcast = mode == kMcast;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSlots; ++s) {
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
     for (int i = 0; i < NW / 2; ++i) d0[i] = d1[i] = 0.f;
     const long long row_base = (long long)group * tiles * 64;
     const int col0 = part * (2 * NW) + c * NW;
-    const Ctx ctx{sa, sb, full, empty, bq, base + kBBytes, c, tw, mcast ? CL : 1, both, acc0, out, row_base, col0};
+    const Ctx ctx{sa, sb, full, empty, bq, base + kBBytes, c, tw, mcast ? CL : 1, n_all, acc0, out, row_base, col0};
     int n = 0;
     consume_tile<NW, NTOK, false>(ctx, d0, d1, 0, n);
     for (int tile = 1;; tile += 2) {  // odd tiles into d1, even ones into d0: each accumulator in fixed registers
@@ -278,7 +279,7 @@ __global__ void fill(unsigned* p, long long n, unsigned seed) {
 }
 
 template <int CL, int NW, int NTOK>
-float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, int tiles, int both) {
+float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, int tiles, int n_all) {
   auto k = dkv_kernel<CL, NW, NTOK>;
   CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   cudaLaunchConfig_t cfg = {};
@@ -292,7 +293,7 @@ float run(int mode, int blocks, const char* A, const char* B, smla_bf16* out, in
   cfg.dynamicSmemBytes = kSmem;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  auto launch = [&] { CHECK(cudaLaunchKernelEx(&cfg, k, A, B, out, tiles, both, mode, 0)); };
+  auto launch = [&] { CHECK(cudaLaunchKernelEx(&cfg, k, A, B, out, tiles, n_all, mode, 0)); };
   launch();
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
