@@ -5,9 +5,10 @@
 // 128 KB) stays in shared memory, and each 64-row tile of A = [ds | pm] (64 x 2H, 32 KB) is read by the token's two
 // blocks. A pair of tokens would need both tokens' B: 256 KB for 256 columns, which no SM has. So the pair's blocks own
 // 128 columns each (B 2 x 64 KB), four blocks a pair, and each A tile would be read four times from L2 instead of twice
-// (+2 GB of L2 reads at the seed, where dkv_interm already runs at 87% of L2's peak). The four blocks as a cluster, each
-// fetching a quarter of every A tile and multicasting it to the four (cp.async.bulk ... .multicast::cluster), read each
-// A tile from L2 once. What this times is whether such a cluster keeps its tensor pipe fed.
+// (+2 GB of L2 reads at the seed, where dkv_interm already runs at 87% of L2's peak). The four blocks as a cluster,
+// each fetching a quarter of every A tile and multicasting it to the four (cp.async.bulk ... .multicast::cluster),
+// read each A tile from L2 once. What this times is whether either form keeps its tensor pipe fed (c87: the repeats
+// cost little, the cluster's lockstep more; perf notes v46).
 //
 // A unit = one 64-row tile of one token: 16 wgmma k-steps (K = 2H = 256) a warpgroup into the tile's accumulator. A
 // group (a token today, NTOK tokens in the union) runs `tiles` tiles; the first GROUP_ALL tiles have a unit for each
@@ -27,7 +28,7 @@
 //   noa      the same blocks, no A copies at all (the consumers read stale slots): the tensor pipe and the stores alone
 // Standalone (not part of the library or its tests; ctest Bench.UnionDkvBuildsForSm90a builds it):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -std=c++17 -O3 -I kernel_src -o union_dkv bench/union_dkv.cu
-//   ./union_dkv [T TOK_TILES GROUP_TILES GROUP_ALL NTOK]   (default 4096 7 9 6 2: the seed's averages, union_sim.py B 2)
+//   ./union_dkv [T TOK_TILES GROUP_TILES GROUP_ALL NTOK]   (default 4096 7 9 6 2: the seed's averages, union_sim B 2)
 // NTOK 4: groups of four tokens as clusters of eight blocks of 64 columns (NW 32; B is four tokens' 64 columns).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -61,7 +62,8 @@ __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned
 __device__ __forceinline__ void bulk_g2s_mcast(unsigned dst, const void* src, unsigned bytes, unsigned bar,
                                                unsigned short mask) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+      ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "h"(mask)
       : "memory");
