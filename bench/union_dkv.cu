@@ -225,21 +225,21 @@ __global__ void __launch_bounds__(kThreads, 1) dkv_kernel(const char* A, const c
       };
       b_quarter(0);
       for (int n = 0; n < units; ++n) {
-        if (n == 1)
-          for (int q = 1; q < 4; ++q) b_quarter(q);
         const int s = n % kSlots;
         if (n >= kSlots) mbar_wait_cluster(empty + 8 * s, (n / kSlots - 1) & 1);
         const char* src = a_group + (long long)n * kUnit;
         if (mode == kNoA) {
           smla_mbar_arrive(full + 8 * s);
         } else if (mcast) {
-          mbar_expect_tx(full + 8 * s, kUnit);  // the CL quarters land here, one from each block
+          mbar_expect_tx(full + 8 * s, kUnit);  // CL shares land here, one from each block
           bulk_g2s_mcast(sa + s * kUnit + rank * (kUnit / CL), src + rank * (kUnit / CL), kUnit / CL, full + 8 * s,
                          (unsigned short)((1u << CL) - 1));
         } else {
           mbar_expect_tx(full + 8 * s, kUnit);
           bulk_g2s(sa + s * kUnit, src, kUnit, full + 8 * s);
         }
+        if (n == 0)  // after the first unit, even when it is the only one (the first unit waits for all of B)
+          for (int q = 1; q < 4; ++q) b_quarter(q);
       }
     }
   } else {
