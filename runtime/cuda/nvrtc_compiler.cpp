@@ -9,11 +9,13 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <utility>
 
+#include "../../cache/entry_store.hpp"
 #include "../dump.hpp"
 #include "cuda_api.hpp"
 
@@ -38,6 +40,56 @@ std::string cccl_version(const std::string& inc) {
     if (std::string v = read_define(root + "/cub/version.cuh", "CUB_VERSION"); !v.empty()) return "cub-" + v;
   }
   return "?";
+}
+
+// The headers a compile can open, by content: what a version define does not tell apart (CCCL's development snapshots
+// share one CCCL_VERSION; a header patched in place keeps it) would otherwise keep the key and the binaries built
+// against the old text. On CUDA 13.0 a compile of every kernel opens 696 files under cccl/ and, at the top of the
+// include directory, cuda.h, cuda_runtime_api.h and the number formats' headers below, nothing else (strace, perf
+// notes v47). So: every file of CCCL's tree where the compile's -I order finds it (<inc>/cccl on CUDA 13; cub, thrust,
+// cuda, nv at the top on CUDA 12), and those top-level headers by name. Not every cuda*.h of the directory: which of
+// them a machine has depends on the packages installed, and a cache warmed on a build machine must still be found on
+// a GPU node with the same compiler and the same headers. Paths enter relative to <inc>, so one toolkit installed at
+// two places gives one digest. ~17 MB read once a compiler (~20 ms here).
+std::string cuda_headers_digest(const std::string& inc) {
+  namespace fs = std::filesystem;
+  if (inc.empty()) return "?";  // no headers (the compiler is unavailable): not the working directory's
+  std::vector<std::string> files;  // relative to inc
+  std::error_code ec;
+  // With cccl/ (searched first), CUDA 13's top-level nv/ is shadowed and never opened: not in the digest.
+  const std::vector<const char*> trees = fs::is_directory(fs::path(inc) / "cccl", ec)
+                                             ? std::vector<const char*>{"cccl"}
+                                             : std::vector<const char*>{"cub", "thrust", "cuda", "nv"};
+  for (const char* sub : trees) {
+    const fs::path root = fs::path(inc) / sub;
+    if (!fs::is_directory(root, ec)) continue;
+    const auto opts = fs::directory_options::follow_directory_symlink | fs::directory_options::skip_permission_denied;
+    for (fs::recursive_directory_iterator it(root, opts, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it.depth() > 32) it.disable_recursion_pending();  // a directory link into its own parent
+      std::error_code fe;
+      if (it->is_regular_file(fe)) files.push_back(fs::path(it->path()).lexically_relative(inc).generic_string());
+    }
+    ec.clear();
+  }
+  for (const char* name : {"cuda.h", "cuda_runtime_api.h", "cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h",
+                           "cuda_bf16.hpp", "cuda_fp8.h", "cuda_fp8.hpp", "cuda_fp6.h", "cuda_fp6.hpp", "cuda_fp4.h",
+                           "cuda_fp4.hpp"}) {
+    std::error_code fe;
+    if (fs::is_regular_file(fs::path(inc) / name, fe)) files.push_back(name);
+  }
+  std::sort(files.begin(), files.end());
+  std::string manifest;
+  for (const std::string& f : files) {
+    std::ifstream in(fs::path(inc) / f, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string t = text.str();
+    // Length-prefixed names: no two file lists serialize alike. An unreadable file is named as such (NVRTC could not
+    // read it either), and becomes readable only with a new digest.
+    const std::string content = in ? std::to_string(t.size()) + ":" + cache::detail::hash_hex(t) : "unreadable";
+    manifest += std::to_string(f.size()) + ":" + f + ":" + content + ";";
+  }
+  return cache::detail::hash_hex(manifest);
 }
 
 NvrtcCompiler::NvrtcCompiler() : NvrtcCompiler(cuda_include_dir()) {}
@@ -102,7 +154,7 @@ std::string NvrtcCompiler::identity() const {
     // machine with that build, so shared caches still hit.
     identity_ = "nvrtc-" + std::to_string(maj) + "." + std::to_string(min) +
                 ";cuda-" + read_define(include_dir_ + "/cuda.h", "CUDA_VERSION") +
-                ";cccl-" + cccl_version(include_dir_) + ";" +
+                ";cccl-" + cccl_version(include_dir_) + ";headers-" + cuda_headers_digest(include_dir_) + ";" +
                 nvrtc_build_stamp(nvrtc().ok ? reinterpret_cast<const void*>(nvrtc().Version) : nullptr, maj, min);
   });
   return identity_;

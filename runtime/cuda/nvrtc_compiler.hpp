@@ -20,8 +20,10 @@ class NvrtcCompiler : public RtcCompiler {
 
   std::string family() const override { return "cuda"; }
   bool available(std::string* why) const override;
-  /// "nvrtc-13.0;cuda-13000;cccl-3000001;libnvrtc-bytes=N;builtins-bytes=M": the compiler
-  /// (with its build, see nvrtc_build_stamp) and the headers it compiles against (include_dir()).
+  /// "nvrtc-13.0;cuda-13000;cccl-3000001;headers-<32 hex>;libnvrtc-bytes=N;builtins-bytes=M": the compiler (with its
+  /// build, see nvrtc_build_stamp) and the headers it compiles against (include_dir(): versions, and the content of
+  /// those a compile can open, see cuda_headers_digest).
+  /// Worked out at its first call, once a compiler (the headers are read then).
   std::string identity() const override;
   std::vector<std::string> options(const std::string& target) const override;
   CompileResult compile(const RenderedSource& src, const std::string& target) const override;
@@ -43,6 +45,12 @@ class NvrtcCompiler : public RtcCompiler {
 /// `nvrtc_symbol` (found with dladdr, symlinks resolved) and of libnvrtc-builtins.so.MAJOR.MINOR
 /// beside it; -1 for a file not found. Tells patch releases apart, which nvrtcVersion does not.
 std::string nvrtc_build_stamp(const void* nvrtc_symbol, int major, int minor);
+
+/// XXH3-128 (hex) over the relative path, size and content of every header a compile against the CUDA include
+/// directory `inc` can open: everything under cccl/ (and CUDA 12's cub/, thrust/, cuda/, nv/), and cuda.h,
+/// cuda_runtime_api.h and the number formats' headers (cuda_fp16.h, cuda_bf16.h, ...) at its top. A header edited in
+/// place, or a CCCL snapshot under an unchanged version, changes it; a header no compile opens does not.
+std::string cuda_headers_digest(const std::string& inc);
 
 /// Reads `#define NAME <value>` from a header file; empty when absent.
 std::string read_define(const std::string& path, const std::string& name);

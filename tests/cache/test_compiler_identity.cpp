@@ -185,6 +185,76 @@ TEST(CompilerIdentity, TheCcclVersionIsReadWhereTheCompileFindsIt) {
   std::filesystem::remove_all(root);
 }
 
+// The headers a compile opens are keyed by their content, not only by the versions they define: a header edited in
+// place, or a CCCL development snapshot under an unchanged CCCL_VERSION, kept the identity (and every key), so the
+// cache served binaries built against the old text.
+TEST(CompilerIdentity, TheHeadersACompileOpensAreKeyedByTheirContent) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/smla-include-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl, inc = root + "/a";
+  auto write = [](const std::string& path, const std::string& text) {
+    fs::create_directories(fs::path(path).parent_path());
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  };
+  write(inc + "/cuda.h", "#define CUDA_VERSION 13000\n");
+  write(inc + "/cccl/cuda/std/__cccl/version.h", "#define CCCL_VERSION 3000001\n");
+  write(inc + "/cccl/cub/agent/sort.cuh", "int sort_a;\n");
+  write(inc + "/cuda_bf16.h", "struct bf16_a;\n");
+  write(inc + "/cublas_v2.h", "int cublas_a;\n");  // headers our compiles never open
+  write(inc + "/cudaEGL.h", "int egl_a;\n");
+  const std::string id0 = cuda::NvrtcCompiler(inc).identity(), d0 = cuda::cuda_headers_digest(inc);
+  ASSERT_EQ(d0.size(), 32u) << d0;
+  EXPECT_NE(id0.find(";cccl-3000001;headers-" + d0 + ";"), std::string::npos) << id0;
+  EXPECT_EQ(cuda::cuda_headers_digest(inc), d0) << "the same headers read twice";
+
+  // One toolkit at two places: one digest (a cache warmed on one machine is found on another).
+  fs::copy(inc, root + "/b", fs::copy_options::recursive);
+  EXPECT_EQ(cuda::cuda_headers_digest(root + "/b"), d0);
+
+  // Edited in place, same size, same versions: a new digest and a new identity.
+  write(inc + "/cccl/cub/agent/sort.cuh", "int sort_b;\n");
+  const std::string d1 = cuda::cuda_headers_digest(inc);
+  EXPECT_NE(d1, d0) << "a CCCL header edited in place kept the digest";
+  EXPECT_NE(cuda::NvrtcCompiler(inc).identity(), id0) << "a CCCL header edited in place kept the identity";
+  write(inc + "/cuda_bf16.h", "struct bf16_b;\n");
+  const std::string d2 = cuda::cuda_headers_digest(inc);
+  EXPECT_NE(d2, d1) << "cuda_bf16.h edited in place kept the digest";
+  write(inc + "/cccl/cub/agent/new.cuh", "\n");
+  const std::string d3 = cuda::cuda_headers_digest(inc);
+  EXPECT_NE(d3, d2) << "a header added under cccl/ kept the digest";
+  // The same bytes under another name are another tree.
+  fs::rename(inc + "/cccl/cub/agent/new.cuh", inc + "/cccl/cub/agent/new2.cuh");
+  EXPECT_NE(cuda::cuda_headers_digest(inc), d3) << "a header renamed kept the digest";
+  fs::rename(inc + "/cccl/cub/agent/new2.cuh", inc + "/cccl/cub/agent/new.cuh");
+  EXPECT_EQ(cuda::cuda_headers_digest(inc), d3);
+  // Outside what a compile opens: no new digest, so no recompiles for it.
+  // Which of those a machine has depends on its packages: a cache warmed where they differ is still found.
+  write(inc + "/cublas_v2.h", "int cublas_b;\n");
+  write(inc + "/cudaEGL.h", "int egl_b;\n");
+  write(inc + "/cuda_gl_interop.h", "\n");
+  write(inc + "/nv/target", "int shadowed;\n");  // CUDA 13 has a top-level nv/ too; cccl/nv is found first
+  EXPECT_EQ(cuda::cuda_headers_digest(inc), d3) << "a header no compile opens changed the digest";
+
+  // CUDA 12's layout: CCCL at the top of the include directory.
+  const std::string v12 = root + "/c";
+  write(v12 + "/cuda.h", "#define CUDA_VERSION 12080\n");
+  write(v12 + "/cub/block/block_scan.cuh", "int scan_a;\n");
+  write(v12 + "/cuda/std/__cccl/version.h", "#define CCCL_VERSION 2080000\n");
+  const std::string e0 = cuda::cuda_headers_digest(v12);
+  write(v12 + "/cub/block/block_scan.cuh", "int scan_b;\n");
+  EXPECT_NE(cuda::cuda_headers_digest(v12), e0) << "CUB edited in place on CUDA 12's layout kept the digest";
+  // A directory link into its own parent ends (no endless walk), and the digest is still worked out.
+  fs::create_directory_symlink("..", v12 + "/cub/block/loop");
+  EXPECT_EQ(cuda::cuda_headers_digest(v12).size(), 32u);
+  // No include directory: nothing read, not the working directory's cub/ (a relative path).
+  const fs::path cwd = fs::current_path();
+  fs::current_path(v12);
+  EXPECT_EQ(cuda::cuda_headers_digest(""), "?");
+  fs::current_path(cwd);
+  fs::remove_all(root);
+}
+
 #ifdef SMLA_TEST_HIP
 
 TEST(HipRtcIdentity, EnvironmentOptionsAreInTheKeyFields) {
