@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <new>
 #include <string>
 #include <system_error>
@@ -140,6 +141,12 @@ int cache_main(int argc, char** argv) {
     }
     fmt::print("{} entries, {} in {}{}\n", v.size(), human(total), s.dir,
                unread ? fmt::format(" ({} whose manifest could not be read here: `verify` says why)", unread) : "");
+    // The compiler is part of every key: a job finds only the entries its own compiler made (`smla-bench --backends`
+    // prints it there). Said per compiler, so a cache carried to another machine is checked before the job compiles.
+    std::map<std::string, size_t> by_compiler;
+    for (const auto& e : v)
+      if (e.problem.empty()) ++by_compiler[e.compiler_id];
+    for (const auto& [id, n] : by_compiler) fmt::print("{} entries by compiler {}\n", n, id);
     return 0;
   }
   if (verify->parsed()) {

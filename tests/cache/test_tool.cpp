@@ -45,6 +45,22 @@ TEST(Tool, ListShowsTagTargetAndSize) {
   EXPECT_NE(out.find("k1-H128-K512-R512"), std::string::npos) << out;
   EXPECT_NE(out.find("sm_90a"), std::string::npos) << out;
   EXPECT_NE(out.find("2 entries"), std::string::npos) << out;
+  // Each compiler's entries counted, so a cache carried to another machine is checked against its compiler there.
+  EXPECT_NE(out.find("\n2 entries by compiler nvrtc-13.0;cuda-headers-13000\n"), std::string::npos) << out;
+  {
+    Settings s;
+    s.dir = t / "c";
+    s.lock = false;
+    DiskCache c(s);
+    FakeCompiler fc;
+    KeyFields f = fields("k9");
+    f.compiler_id = "nvrtc-13.0;other-headers";
+    c.get_or_compile(f, fc.fn(f));
+  }
+  auto [rc2, out2] = tool(t / "c", "list");
+  EXPECT_EQ(rc2, 0) << out2;
+  EXPECT_NE(out2.find("\n2 entries by compiler nvrtc-13.0;cuda-headers-13000\n"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("\n1 entries by compiler nvrtc-13.0;other-headers\n"), std::string::npos) << out2;
 }
 
 TEST(Tool, PruneKeepsNewestAndClearEmpties) {
