@@ -132,20 +132,19 @@ int cache_main(int argc, char** argv) {
     fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", "TAG", "TARGET", "SIZE", "AGE", "ENTRY");
     int64_t total = 0;
     size_t unread = 0;
+    // The compiler is part of every key: a job finds only the entries its own compiler made (`smla-bench --backends`
+    // prints it there). Counted per compiler, so a cache carried to another machine is checked before a job compiles.
+    std::map<std::string, size_t> by_compiler;
     for (const auto& e : v) {
       const bool read = e.problem.empty();
       unread += !read;
+      if (read) ++by_compiler[e.compiler_id];
       fmt::print("{:<44} {:<24} {:>8} {:>6}  {}\n", read ? e.tag : "(manifest unreadable)", e.target, human(e.bytes),
                  age(e.age_s), e.name);
       total += e.bytes;
     }
     fmt::print("{} entries, {} in {}{}\n", v.size(), human(total), s.dir,
                unread ? fmt::format(" ({} whose manifest could not be read here: `verify` says why)", unread) : "");
-    // The compiler is part of every key: a job finds only the entries its own compiler made (`smla-bench --backends`
-    // prints it there). Said per compiler, so a cache carried to another machine is checked before the job compiles.
-    std::map<std::string, size_t> by_compiler;
-    for (const auto& e : v)
-      if (e.problem.empty()) ++by_compiler[e.compiler_id];
     for (const auto& [id, n] : by_compiler) fmt::print("{} entries by compiler {}\n", n, id);
     return 0;
   }
