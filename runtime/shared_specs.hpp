@@ -3,6 +3,7 @@
 // body, one geometry: the specs live here so the families cannot drift apart.
 #pragma once
 #include <algorithm>
+#include <ostream>
 #include <set>
 #include <string>
 #include <tuple>
@@ -54,6 +55,18 @@ inline std::vector<KernelSpec> shared_phase_kernels(Phase phase, const ShapeInfo
     default:
       return {};
   }
+}
+
+/// The limits every GPU family's kernels share (sizes >= 1, H, the int32 slot ids, r_chunk), written to `e` in the
+/// form each family's `*_shape_supported` gives its own; `family` names the kernels ("CUDA", "HIP").
+inline void shared_shape_errors(const ShapeInfo& s, const char* family, std::ostream& e) {
+  const long long items = static_cast<long long>(s.T) * s.topk;
+  if (s.T < 1 || s.num_kv < 1 || s.topk < 1) e << "T, num_kv and topk must be >= 1; ";
+  if (s.H < 16 || s.H > 128 || s.H % 16 != 0)
+    e << "H = " << s.H << ": the " << family << " kernels need H a multiple of 16 in [16, 128]; ";
+  if (items >= (1LL << 31)) e << "T * topk = " << items << " must be < 2^31 (int32 slot ids); ";
+  if (static_cast<long long>(s.num_kv) + 1 >= (1LL << 31)) e << "num_kv must be < 2^31 - 1; ";
+  if (s.r_chunk < 1 || s.r_chunk > s.topk) e << "r_chunk = " << s.r_chunk << " must be in [1, topk]; ";
 }
 
 /// Every distinct kernel (stem, entry, defines) that `phase_kernels` launches for these shapes,

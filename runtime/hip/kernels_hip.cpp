@@ -46,12 +46,7 @@ Tiles tiles_of(const ShapeInfo& s) {
 bool hip_shape_supported(const ShapeInfo& s, std::string* why) {
   std::ostringstream e;
   const Tiles t = tiles_of(s);
-  const long long items = static_cast<long long>(s.T) * s.topk;
-  if (s.T < 1 || s.num_kv < 1 || s.topk < 1) e << "T, num_kv and topk must be >= 1; ";
-  if (s.H < 16 || s.H > 128 || s.H % 16 != 0) e << "H = " << s.H << ": the HIP kernels need H a multiple of 16 in [16, 128]; ";
-  if (items >= (1LL << 31)) e << "T * topk = " << items << " must be < 2^31 (int32 slot ids); ";
-  if (static_cast<long long>(s.num_kv) + 1 >= (1LL << 31)) e << "num_kv must be < 2^31 - 1; ";
-  if (s.r_chunk < 1 || s.r_chunk > s.topk) e << "r_chunk = " << s.r_chunk << " must be in [1, topk]; ";
+  shared_shape_errors(s, "HIP", e);
   // dq
   if (t.dq_block_h % 16 != 0 || (s.H > 0 && s.H % t.dq_block_h != 0))
     e << "dq_block_h = " << t.dq_block_h << " must be a multiple of 16 dividing H; ";
