@@ -1,6 +1,7 @@
 // shared_specs.hpp: launch specs of the phases whose kernel body is one source for every GPU
 // family (check_topk, delta, gather, d_sink: kernel_src/<stem>.cu, included by <stem>.hip). One
-// body, one geometry: the specs live here so the families cannot drift apart.
+// body, one geometry: the specs live here so the families cannot drift apart. Also the shape limits
+// every family's kernels share (shared_shape_errors).
 #pragma once
 #include <algorithm>
 #include <ostream>
